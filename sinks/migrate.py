@@ -1,0 +1,42 @@
+"""Schema migrations (Alembic), run by `skillstats init`; idempotent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
+
+# Our own version table: the registry that owns `skills` may run Alembic too.
+VERSION_TABLE = "skillstats_schema_version"
+_SCRIPTS = Path(__file__).with_name("migrations")
+
+
+def _config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(_SCRIPTS))
+    return config
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
+
+
+def upgrade(engine: Engine) -> tuple[str | None, str]:
+    """Bring the schema to head; returns (revision before, revision after)."""
+    before = current_revision(engine)
+    config = _config()
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")
+    return before, head_revision()

@@ -1,0 +1,257 @@
+"""The `skillstats` command line (SPEC §7)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import TextIO
+
+import orjson
+
+from skillstats import __version__
+from skillstats.config import Settings
+from skillstats.contract import KINDS, WIRE_VERSION, Invalid, InvalidEvent, StatEvent, from_mapping, make_event
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad input from the user: reported on stderr, exit status 2."""
+
+
+def _common_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("connection (flags override the SKILLSTATS_* environment)")
+    group.add_argument("--bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers [SKILLSTATS_KAFKA_BOOTSTRAP]")
+    group.add_argument("--database-url", metavar="URL", help="SQLAlchemy URL [SKILLSTATS_DATABASE_URL]")
+    group.add_argument("--topic", help="stat events topic [SKILLSTATS_TOPIC]")
+    group.add_argument("--dlq-topic", help="dead-letter topic [SKILLSTATS_DLQ_TOPIC]")
+    group.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    return common
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings.from_env().override(
+        kafka_bootstrap=args.bootstrap,
+        database_url=args.database_url,
+        topic=args.topic,
+        dlq_topic=args.dlq_topic,
+        windows_group=getattr(args, "group", None) if args.command == "windows" else None,
+    )
+
+
+def _parse_time_ms(text: str) -> int:
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not epoch milliseconds or ISO-8601: {text!r}") from exc
+    if parsed.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"give a timezone (e.g. a trailing Z for UTC): {text!r}")
+    return int(parsed.timestamp() * 1000)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common_options()
+    parser = argparse.ArgumentParser(
+        prog="skillstats",
+        description="Exact per-skill, per-day and per-hour stat counters in SQL, from a Kafka topic of stat events.",
+        epilog="Each command has its own --help. Configuration: SKILLSTATS_* environment variables, see README.",
+    )
+    parser.add_argument("--version", action="version", version=f"skillstats {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    init = commands.add_parser(
+        "init", parents=[common], help="create the topics and the SQL schema (idempotent)",
+        description="Create the events and DLQ topics through the Kafka admin API and bring the SQL "
+        "schema to the newest migration. Safe to run again: existing topics and tables are left as they are.",
+    )
+    init.add_argument("--partitions", type=_positive, default=12, help="partitions of the events topic (default 12)")
+    init.add_argument("--dlq-partitions", type=_positive, default=3, help="partitions of the DLQ topic (default 3)")
+    init.add_argument("--replication-factor", type=_positive, default=1, help="replication factor (default 1)")
+    init.add_argument("--skip-topics", action="store_true", help="only migrate the SQL schema")
+    init.add_argument("--skip-schema", action="store_true", help="only create the topics")
+
+    publish = commands.add_parser(
+        "publish", parents=[common], help="publish one event, or a JSONL file of events",
+        description="Publish stat events and wait until the broker confirms every one. Either give one event "
+        "with --skill-id and --kind, or --file with one JSON object per line in the wire format (v and "
+        "event_id may be left out: v defaults to 1 and event_id to a fresh UUID). Every line is validated "
+        "before anything is sent; invalid lines are listed with their numbers and nothing is published "
+        "unless --skip-invalid is given.",
+    )
+    publish.add_argument("--file", type=Path, metavar="PATH", help="JSONL file of events ('-' for stdin)")
+    publish.add_argument("--skip-invalid", action="store_true", help="with --file: publish the valid lines anyway")
+    publish.add_argument("--skill-id", help="skill id (also the record key)")
+    publish.add_argument("--kind", choices=KINDS, help="event kind")
+    publish.add_argument("--occurred-at", type=_parse_time_ms, metavar="WHEN",
+                         help="event time: epoch milliseconds or ISO-8601 with zone (default: now)")
+    publish.add_argument("--event-id", help="event id (default: a fresh UUID)")
+    publish.add_argument("--delta-all-time", type=int, metavar="N", help="install_clear: change to installs_all_time")
+    publish.add_argument("--delta-current", type=int, metavar="N", help="install_clear: change to installs_current")
+    publish.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for confirmation (default 30)")
+
+    windows = commands.add_parser(
+        "windows", parents=[common], help="run the per-day/per-hour worker (faust app)",
+        description="Run the consumer group that keeps skill_daily_stats and skill_hourly_stats exact, "
+        "seconds behind the stream. Runs until SIGTERM or SIGINT.",
+    )
+    windows.add_argument("--group", help="consumer group id [SKILLSTATS_WINDOWS_GROUP] (default skillstats-windows)")
+    windows.add_argument("--batch-size", type=_positive, default=5000, help="most records per SQL transaction")
+    windows.add_argument("--batch-seconds", type=float, default=0.5, help="longest wait to fill a batch")
+    windows.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    handle = sys.stdin.buffer if str(path) == "-" else path.open("rb")
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                yield number, line
+
+
+def read_jsonl(path: Path, now_ms: int) -> tuple[list[StatEvent], list[str]]:
+    """Validate every line of a JSONL file; returns the events and one message per bad line."""
+    events: list[StatEvent] = []
+    problems: list[str] = []
+    for number, line in _lines(path):
+        try:
+            body = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            problems.append(f"line {number}: malformed: {exc}")
+            continue
+        if isinstance(body, dict):
+            body.setdefault("v", WIRE_VERSION)
+            body.setdefault("event_id", uuid.uuid4().hex)
+        result = from_mapping(body, now_ms, check_key=False)
+        if isinstance(result, Invalid):
+            problems.append(f"line {number}: {result.reason}: {result.message}")
+        else:
+            events.append(result)
+    return events, problems
+
+
+def _progress(total: int, out: TextIO) -> object:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="ev", file=out, disable=total < 10_000 or not out.isatty(), mininterval=0.5)
+
+
+def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:
+    from skillstats.publisher import Publisher
+
+    now_ms = int(time.time() * 1000)
+    if args.file is not None:
+        if args.skill_id or args.kind:
+            raise UsageError("give either --file or --skill-id/--kind, not both")
+        if str(args.file) != "-" and not args.file.is_file():
+            raise UsageError(f"no such file: {args.file}")
+        events, problems = read_jsonl(args.file, now_ms)
+        for problem in problems[:50]:
+            print(problem, file=sys.stderr)
+        if len(problems) > 50:
+            print(f"... and {len(problems) - 50} more invalid lines", file=sys.stderr)
+        if problems and not args.skip_invalid:
+            print(f"{len(problems)} invalid line(s); nothing was published (use --skip-invalid to send the "
+                  f"{len(events)} valid ones)", file=sys.stderr)
+            return EXIT_USAGE
+    else:
+        if not (args.skill_id and args.kind):
+            raise UsageError("give --skill-id and --kind for one event, or --file for many")
+        try:
+            events = [
+                make_event(
+                    args.skill_id, args.kind, args.occurred_at if args.occurred_at is not None else now_ms,
+                    event_id=args.event_id, delta_all_time=args.delta_all_time, delta_current=args.delta_current,
+                    now_ms=now_ms,
+                )
+            ]
+        except InvalidEvent as exc:
+            raise UsageError(str(exc)) from exc
+    progress = _progress(len(events), sys.stderr)
+    with Publisher(settings, flush_timeout=args.timeout) as publisher:
+        for index, event in enumerate(events, start=1):
+            publisher.send(event)
+            if index % 1000 == 0:
+                progress.update(1000)  # type: ignore[attr-defined]
+        progress.update(len(events) % 1000)  # type: ignore[attr-defined]
+    progress.close()  # type: ignore[attr-defined]
+    print(f"published {publisher.delivered} event(s) to {settings.topic} (confirmed by the broker)")
+    return EXIT_OK
+
+
+def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
+    if not args.skip_topics:
+        from skillstats.kafka import ensure_topics
+
+        reports = ensure_topics(
+            settings,
+            {settings.topic: args.partitions, settings.dlq_topic: args.dlq_partitions},
+            replication_factor=args.replication_factor,
+        )
+        for report in reports:
+            state = "created" if report.created else "exists"
+            print(f"topic {report.name}: {state}, {report.partitions} partitions")
+    if not args.skip_schema:
+        from skillstats.sinks.db import open_engine
+        from skillstats.sinks.migrate import upgrade
+
+        before, after = upgrade(open_engine(settings.database_url))
+        state = "up to date" if before == after else f"migrated {before or 'empty'} -> {after}"
+        print(f"schema {_redacted(settings.database_url)}: {state}")
+    return EXIT_OK
+
+
+def _redacted(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def cmd_windows(args: argparse.Namespace, settings: Settings) -> int:
+    from skillstats.streams.windows import run
+
+    run(settings, log_level=args.log_level, batch_size=args.batch_size, batch_seconds=args.batch_seconds)
+    return EXIT_OK
+
+
+COMMANDS = {"init": cmd_init, "publish": cmd_publish, "windows": cmd_windows}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)],
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    settings = _settings(args)
+    try:
+        return COMMANDS[args.command](args, settings)
+    except UsageError as exc:
+        parser.exit(EXIT_USAGE, f"skillstats {args.command}: {exc}\n")
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        logging.getLogger("skillstats").debug("failed", exc_info=True)
+        print(f"skillstats {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Settings from the environment (SPEC §7); the CLI's flags override them."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+# librdkafka names for the security settings, read from SKILLSTATS_KAFKA_<NAME>
+# (dots as underscores), e.g. SKILLSTATS_KAFKA_SASL_USERNAME.
+_KAFKA_SECURITY_KEYS = (
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.username",
+    "sasl.password",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.key.password",
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    database_url: str = "sqlite:///skillstats.db"
+    topic: str = "skill-stat-events"
+    dlq_topic: str = "skill-stat-events.dlq"
+    windows_group: str = "skillstats-windows"
+    docsync_group: str = "skillstats-docsync"
+    kafka_security: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        env = dict(os.environ if env is None else env)
+        defaults = cls()
+        security = {
+            key: env[name]
+            for key in _KAFKA_SECURITY_KEYS
+            if (name := "SKILLSTATS_KAFKA_" + key.replace(".", "_").upper()) in env
+        }
+        return cls(
+            kafka_bootstrap=env.get("SKILLSTATS_KAFKA_BOOTSTRAP", defaults.kafka_bootstrap),
+            database_url=env.get("SKILLSTATS_DATABASE_URL", defaults.database_url),
+            topic=env.get("SKILLSTATS_TOPIC", defaults.topic),
+            dlq_topic=env.get("SKILLSTATS_DLQ_TOPIC", defaults.dlq_topic),
+            windows_group=env.get("SKILLSTATS_WINDOWS_GROUP", defaults.windows_group),
+            docsync_group=env.get("SKILLSTATS_DOCSYNC_GROUP", defaults.docsync_group),
+            kafka_security=security,
+        )
+
+    def override(self, **changes: Any) -> Settings:
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def kafka_config(self, **extra: Any) -> dict[str, Any]:
+        """librdkafka configuration shared by every confluent-kafka client of ours."""
+        return {"bootstrap.servers": self.kafka_bootstrap, **self.kafka_security, **extra}

@@ -1,0 +1,103 @@
+"""Kafka plumbing shared by the consumers and the CLI: records, topics, offsets."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from skillstats.config import Settings
+
+log = logging.getLogger(__name__)
+
+Headers = list[tuple[str, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    """A record as read from the topic, before decoding."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class TopicReport:
+    name: str
+    partitions: int
+    created: bool
+
+
+def ensure_topics(
+    settings: Settings,
+    specs: dict[str, int],
+    *,
+    replication_factor: int = 1,
+    config: dict[str, str] | None = None,
+    timeout: float = 30.0,
+) -> list[TopicReport]:
+    """Create the topics in `specs` (name -> partitions) that do not exist yet.
+
+    An existing topic is left as it is, even with another partition count: adding
+    partitions would move keys to new partitions and break per-skill ordering, so
+    that is an operator's decision, reported here rather than made.
+    """
+    admin = AdminClient(settings.kafka_config())
+    existing = admin.list_topics(timeout=timeout).topics
+    missing = [
+        NewTopic(name, num_partitions=partitions, replication_factor=replication_factor, config=config or {})
+        for name, partitions in specs.items()
+        if name not in existing
+    ]
+    created: set[str] = set()
+    for name, future in (admin.create_topics(missing, request_timeout=timeout) if missing else {}).items():
+        try:
+            future.result(timeout)
+            created.add(name)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    metadata = admin.list_topics(timeout=timeout).topics
+    reports = []
+    for name, wanted in specs.items():
+        actual = len(metadata[name].partitions) if name in metadata else 0
+        if name not in created and actual != wanted:
+            log.warning("topic %s exists with %d partitions (asked for %d); left as it is", name, actual, wanted)
+        reports.append(TopicReport(name, actual, name in created))
+    return reports
+
+
+def partition_count(settings: Settings, topic: str, timeout: float = 10.0) -> int:
+    admin = AdminClient(settings.kafka_config())
+    metadata = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+    if metadata is None or metadata.error is not None:
+        raise LookupError(f"topic {topic!r} does not exist on {settings.kafka_bootstrap}; run 'skillstats init'")
+    return len(metadata.partitions)
+
+
+def end_offsets(settings: Settings, topic: str, timeout: float = 10.0) -> dict[int, int]:
+    """High watermark (next offset to be written) of every partition of `topic`."""
+    consumer = Consumer(settings.kafka_config(**{"group.id": "skillstats-offsets-probe", "enable.auto.commit": False}))
+    try:
+        result = {}
+        for partition in range(partition_count(settings, topic, timeout)):
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+            result[partition] = high
+        return result
+    finally:
+        consumer.close()
+
+
+def committed_offsets(settings: Settings, group: str, topic: str, timeout: float = 10.0) -> dict[int, int]:
+    """The group's committed offset per partition (partitions it never committed are left out)."""
+    consumer = Consumer(settings.kafka_config(**{"group.id": group, "enable.auto.commit": False}))
+    try:
+        partitions = [TopicPartition(topic, p) for p in range(partition_count(settings, topic, timeout))]
+        return {tp.partition: tp.offset for tp in consumer.committed(partitions, timeout=timeout) if tp.offset >= 0}
+    finally:
+        consumer.close()

@@ -1,0 +1,1 @@
+"""The consumers: one module per consumer group."""

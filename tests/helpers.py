@@ -1,0 +1,227 @@
+"""Test helpers: run the worker as a real process, and compute expectations independently.
+
+The expectation functions here deliberately do not import the production
+kind→effect table or bucketing code: they restate SPEC §3 in their own words,
+so a mistake in one is caught by the other.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from datetime import date, datetime, timedelta
+from pathlib import Path
+from typing import TypeVar
+
+from confluent_kafka import Consumer, TopicPartition
+from sqlalchemy import select
+
+from skillstats.config import Settings
+from skillstats.kafka import end_offsets
+from skillstats.publisher import Publisher
+from skillstats.sinks.db import open_engine
+from skillstats.sinks.schema import partition_fences, skill_daily_stats, skill_hourly_stats
+from skillstats.workload import Record
+from tests.conftest import settings_env
+
+T = TypeVar("T")
+
+# SPEC §3, restated: (downloads, installs) added to the day and hour of the event.
+WINDOW_COUNTS = {"download": (1, 0), "install_new": (0, 1)}
+
+Counts = dict[tuple[str, object], tuple[int, int]]
+
+
+def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:
+    """Poll `condition` until it returns something truthy; fail with `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+class WorkerProcess:
+    """`skillstats windows` as a separate OS process, so it can be killed for real."""
+
+    def __init__(self, settings: Settings, log_path: Path, *extra: str) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "skillstats.cli", "windows", "--log-level", "info", *extra],
+            env=settings_env(settings),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def kill9(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(30)
+        self._log.close()
+
+    def terminate(self, timeout: float = 60) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        finally:
+            self._log.close()
+
+    def assert_alive(self) -> None:
+        if self.process.poll() is not None:
+            raise AssertionError(f"worker exited with {self.process.returncode}:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def publish(settings: Settings, records: Iterable[Record]) -> int:
+    with Publisher(settings, flush_timeout=120) as publisher:
+        for record in records:
+            publisher.send_raw(record.key, record.value)
+    return publisher.delivered
+
+
+def fences(settings: Settings, group: str) -> dict[int, int]:
+    engine = open_engine(settings.database_url)
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(
+                select(partition_fences.c.partition, partition_fences.c.next_offset).where(
+                    partition_fences.c.group_id == group, partition_fences.c.topic == settings.topic
+                )
+            )
+            return {p: n for p, n in rows if n > 0}
+    finally:
+        engine.dispose()
+
+
+def caught_up(settings: Settings, group: str, worker: WorkerProcess | None = None) -> Callable[[], bool]:
+    """A condition: the group's SQL fences equal the topic's end offsets."""
+    ends = {p: n for p, n in end_offsets(settings, settings.topic).items() if n > 0}
+
+    def check() -> bool:
+        if worker is not None:
+            worker.assert_alive()
+        return fences(settings, group) == ends
+
+    return check
+
+
+def _utc(ms: int) -> datetime:
+    seconds, millis = divmod(ms, 1000)
+    return datetime(1970, 1, 1) + timedelta(seconds=seconds, milliseconds=millis)
+
+
+def expected_windows(records: Iterable[Record]) -> tuple[Counts, Counts]:
+    """Daily and hourly (downloads, installs) per skill from the valid records, by UTC event time."""
+    daily: Counter[tuple[str, object, int]] = Counter()
+    hourly: Counter[tuple[str, object, int]] = Counter()
+    for record in records:
+        if not record.valid:
+            continue
+        body = json.loads(record.value or b"")
+        counts = WINDOW_COUNTS.get(body["kind"])
+        if counts is None:
+            continue
+        at = _utc(body["occurred_at"])
+        day: date = at.date()
+        hour = at.replace(minute=0, second=0, microsecond=0)
+        for column, amount in enumerate(counts):
+            daily[(body["skill_id"], day, column)] += amount
+            hourly[(body["skill_id"], hour, column)] += amount
+    return _pairs(daily), _pairs(hourly)
+
+
+def _pairs(flat: Counter[tuple[str, object, int]]) -> Counts:
+    result: Counts = {}
+    for (skill, bucket, column), amount in flat.items():
+        downloads, installs = result.get((skill, bucket), (0, 0))
+        result[(skill, bucket)] = (downloads + amount, installs) if column == 0 else (downloads, installs + amount)
+    return result
+
+
+def actual_windows(settings: Settings) -> tuple[Counts, Counts]:
+    engine = open_engine(settings.database_url)
+    try:
+        with engine.connect() as connection:
+            daily = {
+                (s, d): (dl, ins)
+                for s, d, dl, ins in connection.execute(
+                    select(skill_daily_stats.c.skill_id, skill_daily_stats.c.day,
+                           skill_daily_stats.c.downloads, skill_daily_stats.c.installs)
+                )
+            }
+            hourly = {
+                (s, h): (dl, ins)
+                for s, h, dl, ins in connection.execute(
+                    select(skill_hourly_stats.c.skill_id, skill_hourly_stats.c.hour,
+                           skill_hourly_stats.c.downloads, skill_hourly_stats.c.installs)
+                )
+            }
+        return daily, hourly
+    finally:
+        engine.dispose()
+
+
+def read_topic(settings: Settings, topic: str) -> list[tuple[bytes | None, bytes | None, dict[str, bytes]]]:
+    """Every record of `topic` from the beginning to its current end: (key, value, headers)."""
+    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": "tests-reader",
+                         "enable.auto.commit": False})
+    try:
+        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+        wanted: dict[int, int] = {}
+        for partition in metadata.partitions:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            if high > 0:
+                wanted[partition] = high
+        consumer.assign([TopicPartition(topic, p, 0) for p in wanted])
+        records = []
+        remaining = dict(wanted)
+        deadline = time.monotonic() + 60
+        while remaining and time.monotonic() < deadline:
+            for message in consumer.consume(1000, timeout=1.0):
+                if message.error():
+                    continue
+                records.append((message.key(), message.value(), dict(message.headers() or [])))
+                if message.offset() + 1 >= remaining.get(message.partition(), 0):
+                    remaining.pop(message.partition(), None)
+        assert not remaining, f"could not read {topic} to its end: {remaining}"
+        return records
+    finally:
+        consumer.close()
+
+
+def murmur2_partition(key: bytes, partitions: int) -> int:
+    """The Java client's default partitioner (murmur2, positive, modulo), written out here."""
+    seed, m, r = 0x9747B28C, 0x5BD1E995, 24
+    length = len(key)
+    h = (seed ^ length) & 0xFFFFFFFF
+    for i in range(0, length - length % 4, 4):
+        k = int.from_bytes(key[i : i + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    tail = length % 4
+    base = length - tail
+    if tail == 3:
+        h ^= key[base + 2] << 16
+    if tail >= 2:
+        h ^= key[base + 1] << 8
+    if tail >= 1:
+        h ^= key[base]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return (h & 0x7FFFFFFF) % partitions
