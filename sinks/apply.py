@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from skillstats.sinks.db import is_transient
+from skillstats.sinks.schema import partition_fences, skill_daily_stats, skill_hourly_stats
 from sqlalchemy import Connection, Engine, Table, and_, bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from skillstats.retry import Backoff
 from skillstats.contract import EFFECTS, MS_PER_DAY, MS_PER_HOUR, StatEvent
-from skillstats.sinks.db import is_transient
-from skillstats.sinks.schema import partition_fences, skill_daily_stats, skill_hourly_stats
+from skillstats.retry import Backoff
 
 log = logging.getLogger(__name__)
 _EPOCH = datetime(1970, 1, 1)
@@ -154,7 +154,10 @@ class FencedSink(ABC):
                 if record.offset > fence and record.partition not in advanced:
                     log.warning(
                         "partition %d: offsets %d..%d were never applied by %s (deleted by retention?)",
-                        record.partition, fence, record.offset - 1, self.group_id,
+                        record.partition,
+                        fence,
+                        record.offset - 1,
+                        self.group_id,
                     )
                 advanced[record.partition] = record.offset + 1
                 outcome.applied += 1
@@ -257,8 +260,13 @@ def apply_with_recovery(
                 attempt += 1
                 continue
             if len(chunk) == 1:
-                log.error("database rejected %s partition %d offset %d: %s",
-                          sink.topic, chunk[0].partition, chunk[0].offset, exc)
+                log.error(
+                    "database rejected %s partition %d offset %d: %s",
+                    sink.topic,
+                    chunk[0].partition,
+                    chunk[0].offset,
+                    exc,
+                )
                 park_rejected(chunk[0], exc)
                 outcome.parked += 1
                 pending.append([ConsumedRecord(chunk[0].partition, chunk[0].offset, None)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 import uuid
@@ -76,18 +77,23 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     init = commands.add_parser(
-        "init", parents=[common], help="create the topics and the SQL schema (idempotent)",
+        "init",
+        parents=[common],
+        help="create the topics and the SQL schema (idempotent)",
         description="Create the events and DLQ topics through the Kafka admin API and bring the SQL "
         "schema to the newest migration. Safe to run again: existing topics and tables are left as they are.",
     )
     init.add_argument("--partitions", type=_positive, default=12, help="partitions of the events topic (default 12)")
     init.add_argument("--dlq-partitions", type=_positive, default=3, help="partitions of the DLQ topic (default 3)")
     init.add_argument("--replication-factor", type=_positive, default=1, help="replication factor (default 1)")
+    init.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for Kafka (default 30)")
     init.add_argument("--skip-topics", action="store_true", help="only migrate the SQL schema")
     init.add_argument("--skip-schema", action="store_true", help="only create the topics")
 
     publish = commands.add_parser(
-        "publish", parents=[common], help="publish one event, or a JSONL file of events",
+        "publish",
+        parents=[common],
+        help="publish one event, or a JSONL file of events",
         description="Publish stat events and wait until the broker confirms every one. Either give one event "
         "with --skill-id and --kind, or --file with one JSON object per line in the wire format (v and "
         "event_id may be left out: v defaults to 1 and event_id to a fresh UUID). Every line is validated "
@@ -98,19 +104,30 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("--skip-invalid", action="store_true", help="with --file: publish the valid lines anyway")
     publish.add_argument("--skill-id", help="skill id (also the record key)")
     publish.add_argument("--kind", choices=KINDS, help="event kind")
-    publish.add_argument("--occurred-at", type=_parse_time_ms, metavar="WHEN",
-                         help="event time: epoch milliseconds or ISO-8601 with zone (default: now)")
+    publish.add_argument(
+        "--occurred-at",
+        type=_parse_time_ms,
+        metavar="WHEN",
+        help="event time: epoch milliseconds or ISO-8601 with zone (default: now)",
+    )
     publish.add_argument("--event-id", help="event id (default: a fresh UUID)")
     publish.add_argument("--delta-all-time", type=int, metavar="N", help="install_clear: change to installs_all_time")
     publish.add_argument("--delta-current", type=int, metavar="N", help="install_clear: change to installs_current")
     publish.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for confirmation (default 30)")
 
     windows = commands.add_parser(
-        "windows", parents=[common], help="run the per-day/per-hour worker (faust app)",
+        "windows",
+        parents=[common],
+        help="run the per-day/per-hour worker (faust app)",
         description="Run the consumer group that keeps skill_daily_stats and skill_hourly_stats exact, "
         "seconds behind the stream. Runs until SIGTERM or SIGINT.",
     )
     windows.add_argument("--group", help="consumer group id [SKILLSTATS_WINDOWS_GROUP] (default skillstats-windows)")
+    windows.add_argument(
+        "--instance-id",
+        default=os.environ.get("SKILLSTATS_INSTANCE_ID"),
+        help="static group membership id, stable across restarts, e.g. the pod name [SKILLSTATS_INSTANCE_ID]",
+    )
     windows.add_argument("--batch-size", type=_positive, default=5000, help="most records per SQL transaction")
     windows.add_argument("--batch-seconds", type=float, default=0.5, help="longest wait to fill a batch")
     windows.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
@@ -167,8 +184,11 @@ def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:
         if len(problems) > 50:
             print(f"... and {len(problems) - 50} more invalid lines", file=sys.stderr)
         if problems and not args.skip_invalid:
-            print(f"{len(problems)} invalid line(s); nothing was published (use --skip-invalid to send the "
-                  f"{len(events)} valid ones)", file=sys.stderr)
+            print(
+                f"{len(problems)} invalid line(s); nothing was published (use --skip-invalid to send the "
+                f"{len(events)} valid ones)",
+                file=sys.stderr,
+            )
             return EXIT_USAGE
     else:
         if not (args.skill_id and args.kind):
@@ -176,8 +196,12 @@ def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:
         try:
             events = [
                 make_event(
-                    args.skill_id, args.kind, args.occurred_at if args.occurred_at is not None else now_ms,
-                    event_id=args.event_id, delta_all_time=args.delta_all_time, delta_current=args.delta_current,
+                    args.skill_id,
+                    args.kind,
+                    args.occurred_at if args.occurred_at is not None else now_ms,
+                    event_id=args.event_id,
+                    delta_all_time=args.delta_all_time,
+                    delta_current=args.delta_current,
                     now_ms=now_ms,
                 )
             ]
@@ -203,6 +227,7 @@ def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
             settings,
             {settings.topic: args.partitions, settings.dlq_topic: args.dlq_partitions},
             replication_factor=args.replication_factor,
+            timeout=args.timeout,
         )
         for report in reports:
             state = "created" if report.created else "exists"
@@ -226,7 +251,13 @@ def _redacted(url: str) -> str:
 def cmd_windows(args: argparse.Namespace, settings: Settings) -> int:
     from skillstats.streams.windows import run
 
-    run(settings, log_level=args.log_level, batch_size=args.batch_size, batch_seconds=args.batch_seconds)
+    run(
+        settings,
+        log_level=args.log_level,
+        batch_size=args.batch_size,
+        batch_seconds=args.batch_seconds,
+        instance_id=args.instance_id,
+    )
     return EXIT_OK
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -62,7 +63,13 @@ def ensure_topics(
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
-    metadata = admin.list_topics(timeout=timeout).topics
+    # A created topic can take a moment to show in the metadata of the broker asked.
+    deadline = time.monotonic() + timeout
+    while True:
+        metadata = admin.list_topics(timeout=timeout).topics
+        if all(name in metadata and metadata[name].partitions for name in specs) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     reports = []
     for name, wanted in specs.items():
         actual = len(metadata[name].partitions) if name in metadata else 0

@@ -70,7 +70,11 @@ class Publisher:
         while True:
             try:
                 self._producer.produce(
-                    topic or self.topic, value=value, key=key, headers=list(headers or ()), on_delivery=self._on_delivery
+                    topic or self.topic,
+                    value=value,
+                    key=key,
+                    headers=list(headers or ()),
+                    on_delivery=self._on_delivery,
                 )
                 break
             except BufferError:

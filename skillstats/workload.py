@@ -60,8 +60,13 @@ def _boundary_times(now_ms: int) -> list[int]:
 def _invalid(rng: random.Random, skill: str, now_ms: int, serial: int) -> tuple[bytes | None, bytes | None]:
     """One invalid record, cycling through every reason code of SPEC §2."""
     key = skill.encode()
-    good = {"v": WIRE_VERSION, "event_id": f"bad-{serial}", "skill_id": skill, "kind": "download",
-            "occurred_at": now_ms - rng.randrange(MS_PER_DAY)}
+    good = {
+        "v": WIRE_VERSION,
+        "event_id": f"bad-{serial}",
+        "skill_id": skill,
+        "kind": "download",
+        "occurred_at": now_ms - rng.randrange(MS_PER_DAY),
+    }
     variant = serial % 13
     if variant == 0:
         return key, b"{not json"
@@ -124,8 +129,13 @@ def generate(
             occurred_at = now_ms - rng.randrange(horizon)  # hours or days late
         else:
             occurred_at = now_ms - rng.randrange(15 * 60_000)  # the last quarter hour
-        body: dict[str, object] = {"v": WIRE_VERSION, "event_id": f"ev-{seed}-{serial}", "skill_id": skill,
-                                   "kind": kind, "occurred_at": occurred_at}
+        body: dict[str, object] = {
+            "v": WIRE_VERSION,
+            "event_id": f"ev-{seed}-{serial}",
+            "skill_id": skill,
+            "kind": kind,
+            "occurred_at": occurred_at,
+        }
         if kind == "install_clear":
             body["delta"] = {"all_time": -rng.randrange(0, 5), "current": -rng.randrange(0, 3)}
         yield Record(skill.encode(), orjson.dumps(body), True)

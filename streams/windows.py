@@ -26,13 +26,13 @@ from typing import Any
 import faust
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP, EventT
+from skillstats.sinks.apply import ApplyOutcome, ConsumedRecord, WindowsSink, apply_with_recovery
+from skillstats.sinks.db import open_engine
 
 from skillstats.config import Settings
 from skillstats.contract import Invalid, decode
 from skillstats.dlq import REJECTED_BY_DATABASE, DeadLetters, Parcel
 from skillstats.kafka import RawRecord
-from skillstats.sinks.apply import ApplyOutcome, ConsumedRecord, WindowsSink, apply_with_recovery
-from skillstats.sinks.db import open_engine
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,7 @@ def build_app(
     batch_size: int = 5000,
     batch_seconds: float = 0.5,
     shutdown_budget: float = 15.0,
+    instance_id: str | None = None,
 ) -> WindowsApp:
     app = WindowsApp(
         settings.windows_group,
@@ -123,12 +124,19 @@ def build_app(
         stream_wait_empty=False,
         stream_buffer_maxsize=max(4096, batch_size * 2),
         broker_max_poll_records=max(500, batch_size),
+        # Static membership: a worker restarted under the same id (a crashed container
+        # in the same pod) takes its partitions back at once, instead of the whole
+        # group waiting a session timeout for the dead member to be declared gone.
+        consumer_group_instance_id=instance_id,
     )
     app.sql_fences = {}
     source = app.topic(settings.topic, key_type=bytes, value_type=bytes)
     engine = open_engine(settings.database_url)
-    pipeline = WindowsPipeline(settings, WindowsSink(engine, settings.windows_group, settings.topic),
-                               DeadLetters(settings, settings.windows_group))
+    pipeline = WindowsPipeline(
+        settings,
+        WindowsSink(engine, settings.windows_group, settings.topic),
+        DeadLetters(settings, settings.windows_group),
+    )
     # One thread: batches are applied strictly in the order they were consumed.
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="windows-sink")
     totals = ApplyOutcome()
@@ -155,8 +163,14 @@ def build_app(
             raise
         _advance_fences(app, settings.topic, outcome)
         totals.merge(outcome)
-        log.info("batch of %d: applied %d, replayed %d, parked %d (total applied %d)",
-                 len(raws), outcome.applied, outcome.replayed, outcome.parked, totals.applied)
+        log.info(
+            "batch of %d: applied %d, replayed %d, parked %d (total applied %d)",
+            len(raws),
+            outcome.applied,
+            outcome.replayed,
+            outcome.parked,
+            totals.applied,
+        )
 
     @app.agent(source, name="skillstats-windows")
     async def windows(stream: AsyncIterable[Any]) -> None:

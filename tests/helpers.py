@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import TypeVar
 
 from confluent_kafka import Consumer, TopicPartition
+from skillstats.sinks.db import open_engine
+from skillstats.sinks.schema import partition_fences, skill_daily_stats, skill_hourly_stats
 from sqlalchemy import select
 
 from skillstats.config import Settings
 from skillstats.kafka import end_offsets
 from skillstats.publisher import Publisher
-from skillstats.sinks.db import open_engine
-from skillstats.sinks.schema import partition_fences, skill_daily_stats, skill_hourly_stats
 from skillstats.workload import Record
 from tests.conftest import settings_env
 
@@ -156,15 +156,23 @@ def actual_windows(settings: Settings) -> tuple[Counts, Counts]:
             daily = {
                 (s, d): (dl, ins)
                 for s, d, dl, ins in connection.execute(
-                    select(skill_daily_stats.c.skill_id, skill_daily_stats.c.day,
-                           skill_daily_stats.c.downloads, skill_daily_stats.c.installs)
+                    select(
+                        skill_daily_stats.c.skill_id,
+                        skill_daily_stats.c.day,
+                        skill_daily_stats.c.downloads,
+                        skill_daily_stats.c.installs,
+                    )
                 )
             }
             hourly = {
                 (s, h): (dl, ins)
                 for s, h, dl, ins in connection.execute(
-                    select(skill_hourly_stats.c.skill_id, skill_hourly_stats.c.hour,
-                           skill_hourly_stats.c.downloads, skill_hourly_stats.c.installs)
+                    select(
+                        skill_hourly_stats.c.skill_id,
+                        skill_hourly_stats.c.hour,
+                        skill_hourly_stats.c.downloads,
+                        skill_hourly_stats.c.installs,
+                    )
                 )
             }
         return daily, hourly
@@ -174,8 +182,9 @@ def actual_windows(settings: Settings) -> tuple[Counts, Counts]:
 
 def read_topic(settings: Settings, topic: str) -> list[tuple[bytes | None, bytes | None, dict[str, bytes]]]:
     """Every record of `topic` from the beginning to its current end: (key, value, headers)."""
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": "tests-reader",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": settings.kafka_bootstrap, "group.id": "tests-reader", "enable.auto.commit": False}
+    )
     try:
         metadata = consumer.list_topics(topic, timeout=10).topics[topic]
         wanted: dict[int, int] = {}

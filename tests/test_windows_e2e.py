@@ -38,8 +38,10 @@ def test_randomized_stream_is_counted_exactly(settings: Settings, tmp_path: Path
     assert publish(settings, records) == EVENTS
     wait_until(caught_up(settings, settings.windows_group, worker), 180, "the windows worker to catch up")
     elapsed = time.monotonic() - started
-    record_metric(f"windows e2e {settings.database_url.split(':')[0]}: {EVENTS} events published and "
-                  f"applied in {elapsed:.1f}s = {EVENTS / elapsed:,.0f} events/s (publish included)")
+    record_metric(
+        f"windows e2e {settings.database_url.split(':')[0]}: {EVENTS} events published and "
+        f"applied in {elapsed:.1f}s = {EVENTS / elapsed:,.0f} events/s (publish included)"
+    )
 
     expected_daily, expected_hourly = expected_windows(records)
     daily, hourly = actual_windows(settings)
@@ -51,7 +53,13 @@ def test_randomized_stream_is_counted_exactly(settings: Settings, tmp_path: Path
     positions = [(h[H_PARTITION], h[H_OFFSET]) for _, _, h in parked]
     assert len(set(positions)) == len(positions), "a record was parked twice"
     assert {h[H_REASON].decode() for _, _, h in parked} == {
-        "malformed", "unsupported_version", "bad_field", "key_mismatch", "unknown_kind", "bad_timestamp", "bad_delta",
+        "malformed",
+        "unsupported_version",
+        "bad_field",
+        "key_mismatch",
+        "unknown_kind",
+        "bad_timestamp",
+        "bad_delta",
     }
 
     # SIGTERM: a clean exit, and Kafka's committed offsets never ahead of SQL.

@@ -1,0 +1,36 @@
+# Shared by deploy/local/*.sh: the project's Python environment and system tools.
+# shellcheck shell=bash
+
+repo=${repo:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+venv=${SKILLSTATS_VENV:-$repo/.venv}
+
+say() { printf '\n== %s\n' "$*" >&2; }
+
+# A virtualenv with skillstats (editable) and the pinned versions in
+# requirements.lock; re-installed only when pyproject.toml or the lock changes.
+ensure_python_env() {
+  local python=${PYTHON:-python3} stamp
+  "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+    || { echo "Python 3.11 or newer is needed ($python is $("$python" --version 2>&1))" >&2; return 1; }
+  [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
+  stamp=$venv/.skillstats-$(cat "$repo/pyproject.toml" "$repo/requirements.lock" | sha256sum | cut -c1-16)
+  if [[ ! -f $stamp ]]; then
+    say "installing Python dependencies into $venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check -c "$repo/requirements.lock" -e "$repo[test]"
+    touch "$stamp"
+  fi
+  export PATH="$venv/bin:$PATH"
+}
+
+# Debian packages the tests use, installed when their command is missing.
+ensure_debian_tools() {
+  local missing=() sudo=""
+  command -v kcat >/dev/null || missing+=(kcat)
+  command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
+  command -v mvn >/dev/null || missing+=(maven)
+  ((${#missing[@]})) || return 0
+  say "installing Debian packages: ${missing[*]}"
+  [[ $(id -u) -eq 0 ]] || sudo=sudo
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: installs what the tests need (Python
+# dependencies, Debian's kcat and PostgreSQL, the Kafka jars from Maven Central),
+# starts a test Kafka on 127.0.0.1:19092 and PostgreSQL on 127.0.0.1:55432, runs
+# ruff and pytest, and stops the services it started. Extra arguments go to pytest
+# (e.g. deploy/local/test.sh -k contract).
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$repo"
+# shellcheck source=lib.sh
+source deploy/local/lib.sh
+
+export KAFKA_PORT=${SKILLSTATS_TEST_KAFKA_PORT:-19092} PG_PORT=${SKILLSTATS_TEST_PG_PORT:-55432}
+export SKILLSTATS_TEST_KAFKA=127.0.0.1:$KAFKA_PORT
+export SKILLSTATS_TEST_PG=postgresql://postgres@127.0.0.1:$PG_PORT/postgres
+export SKILLSTATS_TEST_METRICS=$repo/.local/test-metrics.txt
+
+started_kafka="" started_pg=""
+cleanup() {
+  [[ -n $started_kafka ]] && deploy/local/kafka.sh stop || true
+  [[ -n $started_pg ]] && deploy/local/postgres.sh stop || true
+}
+trap cleanup EXIT
+
+begin=$SECONDS
+say "tools"
+ensure_debian_tools
+ensure_python_env
+say "services"
+deploy/local/kafka.sh status >/dev/null 2>&1 || { started_kafka=1; deploy/local/kafka.sh start; }
+deploy/local/postgres.sh status >/dev/null 2>&1 || { started_pg=1; deploy/local/postgres.sh start >/dev/null; }
+say "ruff"
+ruff check skillstats streams sinks tests deploy
+say "pytest"
+mkdir -p .local && : >"$SKILLSTATS_TEST_METRICS"
+status=0
+pytest -q -p no:cacheprovider "$@" || status=$?
+if [[ -s $SKILLSTATS_TEST_METRICS ]]; then say "measured (not asserted)"; cat "$SKILLSTATS_TEST_METRICS" >&2; fi
+say "test run took $((SECONDS - begin))s"
+exit $status

@@ -1,0 +1,156 @@
+"""Publishing: the CLI, the Python API, and a non-Python publisher (Debian's kcat)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from skillstats.config import Settings
+from skillstats.contract import make_event
+from skillstats.kafka import end_offsets
+from skillstats.publisher import Publisher, PublishError
+from tests.conftest import settings_env
+from tests.helpers import WorkerProcess, actual_windows, caught_up, murmur2_partition, wait_until
+
+SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+
+
+def cli(settings: Settings, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "skillstats.cli", *args],
+        env=settings_env(settings),
+        input=stdin.decode() if stdin else None,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def published(settings: Settings) -> int:
+    return sum(end_offsets(settings, settings.topic).values())
+
+
+@SQLITE_ONLY
+def test_jsonl_with_invalid_lines_sends_nothing_and_names_the_lines(settings: Settings, tmp_path: Path) -> None:
+    now = int(time.time() * 1000)
+    lines = [
+        orjson.dumps({"skill_id": "sk_1", "kind": "download", "occurred_at": now}),
+        b"{broken",
+        orjson.dumps({"skill_id": "sk_2", "kind": "install_clear", "occurred_at": now}),
+        orjson.dumps({"skill_id": "sk_3", "kind": "install_new", "occurred_at": now}),
+    ]
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    refused = cli(settings, "publish", "--file", str(path))
+    assert refused.returncode == 2
+    assert "line 2: malformed" in refused.stderr and "line 3: bad_delta" in refused.stderr
+    assert "nothing was published" in refused.stderr
+    assert published(settings) == 0
+
+    sent = cli(settings, "publish", "--file", str(path), "--skip-invalid")
+    assert sent.returncode == 0, sent.stderr
+    assert "published 2 event(s)" in sent.stdout
+    assert published(settings) == 2
+
+
+@SQLITE_ONLY
+def test_single_event_flags(settings: Settings) -> None:
+    ok = cli(
+        settings,
+        "publish",
+        "--skill-id",
+        "sk_1",
+        "--kind",
+        "install_clear",
+        "--delta-all-time",
+        "-2",
+        "--delta-current",
+        "-1",
+        "--occurred-at",
+        "2025-11-30T00:00:00Z",
+    )
+    assert ok.returncode == 0, ok.stderr
+    bad = cli(settings, "publish", "--skill-id", "sk_1", "--kind", "download", "--occurred-at", "1999-12-31T23:59:59Z")
+    assert bad.returncode == 2 and "bad_timestamp" in bad.stderr
+    usage = cli(settings, "publish", "--kind", "download")
+    assert usage.returncode == 2 and "--skill-id" in usage.stderr
+    assert published(settings) == 1
+
+
+def test_publish_to_an_unreachable_broker_fails_clearly() -> None:
+    settings = Settings(kafka_bootstrap="127.0.0.1:1", topic="nowhere")
+    publisher = Publisher(settings, flush_timeout=2)
+    publisher.send(make_event("sk_1", "download", int(time.time() * 1000)))
+    with pytest.raises(PublishError) as raised:
+        publisher.flush()
+    assert raised.value.unconfirmed == 1 and "not confirmed" in str(raised.value)
+
+
+@SQLITE_ONLY
+def test_python_publisher_partitions_like_the_java_client(settings: Settings) -> None:
+    keys = [f"sk_{i}" for i in range(60)] + ["sk_é✓", "x" * 128]
+    with Publisher(settings) as publisher:
+        for key in keys:
+            publisher.send(make_event(key, "download", int(time.time() * 1000)))
+    assert _partitions_of(settings) == {key.encode(): murmur2_partition(key.encode(), 12) for key in keys}
+
+
+@SQLITE_ONLY
+def test_record_from_kcat_is_counted(settings: Settings, tmp_path: Path) -> None:
+    kcat = shutil.which("kcat")
+    assert kcat, "kcat is not installed (the README's test command installs Debian's kcat)"
+    occurred = int(time.time() * 1000) - 5000
+    value = orjson.dumps(
+        {"v": 1, "event_id": "from-kcat", "skill_id": "sk_kcat", "kind": "download", "occurred_at": occurred}
+    )
+    subprocess.run(
+        [
+            kcat,
+            "-P",
+            "-b",
+            settings.kafka_bootstrap,
+            "-t",
+            settings.topic,
+            "-k",
+            "sk_kcat",
+            "-X",
+            "partitioner=murmur2_random",
+        ],
+        input=value,
+        check=True,
+        timeout=60,
+    )
+    assert _partitions_of(settings) == {b"sk_kcat": murmur2_partition(b"sk_kcat", 12)}
+    worker = WorkerProcess(settings, tmp_path / "worker.log")
+    wait_until(caught_up(settings, settings.windows_group, worker), 120, "the worker to count the kcat record")
+    worker.terminate()
+    daily, hourly = actual_windows(settings)
+    assert [(skill, counts) for (skill, _), counts in daily.items()] == [("sk_kcat", (1, 0))]
+    assert len(hourly) == 1
+
+
+def _partitions_of(settings: Settings) -> dict[bytes, int]:
+    """key -> partition for every record on the topic."""
+    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap, "group.id": "tests-partitions"})
+    try:
+        ends = end_offsets(settings, settings.topic)
+        consumer.assign([TopicPartition(settings.topic, p, 0) for p, end in ends.items() if end])
+        found: dict[bytes, int] = {}
+        want = sum(ends.values())
+        deadline = time.monotonic() + 30
+        seen = 0
+        while seen < want and time.monotonic() < deadline:
+            for message in consumer.consume(500, timeout=1):
+                if not message.error():
+                    found[message.key()] = message.partition()
+                    seen += 1
+        return found
+    finally:
+        consumer.close()

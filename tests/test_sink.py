@@ -1,0 +1,148 @@
+"""The fenced transactional apply and the schema, on real SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from skillstats.sinks.apply import (
+    Abandoned,
+    ApplyOutcome,
+    ConsumedRecord,
+    FencedSink,
+    WindowsSink,
+    apply_with_recovery,
+)
+from skillstats.sinks.db import open_engine
+from skillstats.sinks.migrate import current_revision, head_revision, upgrade
+from skillstats.sinks.schema import skill_daily_stats
+from sqlalchemy import inspect, select, text
+from sqlalchemy.exc import OperationalError
+
+from skillstats.contract import StatEvent, make_event
+from skillstats.retry import Backoff
+
+NOW = 1_764_460_800_000
+
+
+@pytest.fixture
+def sink(database_url: str) -> WindowsSink:
+    engine = open_engine(database_url)
+    upgrade(engine)
+    return WindowsSink(engine, "g", "t")
+
+
+def downloads(partition: int, offsets: range, skill: str = "sk_1") -> list[ConsumedRecord]:
+    return [ConsumedRecord(partition, o, make_event(skill, "download", NOW - 1, now_ms=NOW)) for o in offsets]
+
+
+def total_downloads(sink: WindowsSink) -> int:
+    with sink.engine.connect() as connection:
+        return connection.execute(select(skill_daily_stats.c.downloads)).scalar() or 0
+
+
+def test_replayed_and_overlapping_batches_count_once(sink: WindowsSink) -> None:
+    assert sink.apply(downloads(0, range(10))).applied == 10
+    again = sink.apply(downloads(0, range(10)))
+    assert (again.applied, again.replayed) == (0, 10)
+    overlap = sink.apply(downloads(0, range(5, 15)) + downloads(1, range(3)))
+    assert (overlap.applied, overlap.replayed) == (8, 5)
+    assert total_downloads(sink) == 18
+    assert sink.fences() == {0: 15, 1: 3}
+
+
+def test_concurrent_writers_of_one_partition_count_once(sink: WindowsSink) -> None:
+    # Two consumers holding the same partition for a moment (a rebalance): whichever
+    # commits second finds the fence moved and skips what the first applied.
+    batches = [downloads(0, range(0, 400)), downloads(0, range(200, 600)), downloads(0, range(0, 600))]
+    outcomes: list[ApplyOutcome] = []
+    threads = [threading.Thread(target=lambda b=b: outcomes.append(sink.apply(b))) for b in batches]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(outcomes) == 3
+    assert total_downloads(sink) == 600
+    assert sum(o.applied for o in outcomes) == 600
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_rejected_record_is_isolated_and_parked(sink: WindowsSink) -> None:
+    # PostgreSQL refuses NUL inside TEXT: a valid event the database cannot store.
+    records = downloads(3, range(0, 40))
+    poison = ConsumedRecord(3, 40, make_event("sk_\x00bad", "download", NOW - 1, now_ms=NOW))
+    records += [poison, *downloads(3, range(41, 64))]
+    parked: list[ConsumedRecord] = []
+    outcome = apply_with_recovery(sink, records, lambda record, _exc: parked.append(record))
+    assert parked == [poison]
+    assert outcome.parked == 1
+    assert total_downloads(sink) == 63
+    assert sink.fences() == {3: 64}
+
+
+class FlakySink(FencedSink):
+    """A unit-test fake: fails `failures` times with a transient error, then applies nothing."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.topic = "t"
+
+    def write(self, connection: object, events: list[StatEvent], now: object) -> None:
+        raise NotImplementedError
+
+    def apply(self, records: object) -> ApplyOutcome:
+        if self.failures:
+            self.failures -= 1
+            raise OperationalError("UPDATE ...", {}, Exception("server closed the connection unexpectedly"))
+        return ApplyOutcome(applied=len(records))  # type: ignore[arg-type]
+
+
+def test_transient_errors_are_retried_with_backoff() -> None:
+    outcome = apply_with_recovery(FlakySink(3), downloads(0, range(5)), _never, backoff=Backoff(base=0.001))
+    assert (outcome.applied, outcome.retries) == (5, 3)
+
+
+def test_shutdown_abandons_a_batch_waiting_for_retry() -> None:
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(Abandoned):
+        apply_with_recovery(FlakySink(1), downloads(0, range(5)), _never, stop=stop)
+
+
+def test_bounded_retries_give_up_with_the_error() -> None:
+    with pytest.raises(OperationalError):
+        apply_with_recovery(
+            FlakySink(5), downloads(0, range(5)), _never, backoff=Backoff(base=0.001), max_transient_retries=2
+        )
+
+
+def _never(record: ConsumedRecord, exc: BaseException) -> None:
+    raise AssertionError(f"nothing should be parked, got {record} ({exc})")
+
+
+def test_migrations_are_idempotent(database_url: str) -> None:
+    engine = open_engine(database_url)
+    assert upgrade(engine) == (None, head_revision())
+    assert upgrade(engine) == (head_revision(), head_revision())
+    assert current_revision(engine) == head_revision()
+    tables = set(inspect(engine).get_table_names())
+    assert {"skill_daily_stats", "skill_hourly_stats", "skills", "user_skill_stats"} <= tables
+
+
+def test_registry_owned_skills_table_is_kept(database_url: str, tmp_path: Path) -> None:
+    engine = open_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(
+            text("CREATE TABLE skills (id TEXT PRIMARY KEY, owner_id TEXT, title TEXT, downloads BIGINT)")
+        )
+        connection.execute(text("INSERT INTO skills (id, owner_id, title, downloads) VALUES ('sk_1', 'u1', 'A', 41)"))
+    upgrade(engine)
+    with engine.begin() as connection:
+        connection.execute(text("INSERT INTO skills (id, owner_id) VALUES ('sk_2', 'u1')"))
+        rows = connection.execute(
+            text("SELECT id, title, downloads, installs_all_time, installs_current FROM skills ORDER BY id")
+        ).all()
+    # The registry's own `downloads` column (no default) is left exactly as it was;
+    # only the stat columns it lacked are added, with their defaults.
+    assert [tuple(r) for r in rows] == [("sk_1", "A", 41, 0, 0), ("sk_2", None, None, 0, 0)]
