@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from skillstats.sinks.db import is_transient
-from skillstats.sinks.schema import partition_fences, skill_daily_stats, skill_hourly_stats
 from sqlalchemy import Connection, Engine, Table, and_, bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from skillstats.contract import EFFECTS, MS_PER_DAY, MS_PER_HOUR, StatEvent
 from skillstats.retry import Backoff
+from skillstats.sinks.db import is_transient
+from skillstats.sinks.schema import partition_fences, skill_daily_stats, skill_hourly_stats
 
 log = logging.getLogger(__name__)
 _EPOCH = datetime(1970, 1, 1)

@@ -26,13 +26,13 @@ from typing import Any
 import faust
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP, EventT
-from skillstats.sinks.apply import ApplyOutcome, ConsumedRecord, WindowsSink, apply_with_recovery
-from skillstats.sinks.db import open_engine
 
 from skillstats.config import Settings
 from skillstats.contract import Invalid, decode
 from skillstats.dlq import REJECTED_BY_DATABASE, DeadLetters, Parcel
 from skillstats.kafka import RawRecord
+from skillstats.sinks.apply import ApplyOutcome, ConsumedRecord, WindowsSink, apply_with_recovery
+from skillstats.sinks.db import open_engine
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient
-from skillstats.sinks.db import open_engine
-from skillstats.sinks.migrate import upgrade
 from sqlalchemy import create_engine, text
 
 from skillstats.config import Settings
 from skillstats.kafka import ensure_topics
+from skillstats.sinks.db import open_engine
+from skillstats.sinks.migrate import upgrade
 
 KAFKA = os.environ.get("SKILLSTATS_TEST_KAFKA", "127.0.0.1:19092")
 PG_ADMIN_URL = os.environ.get("SKILLSTATS_TEST_PG", "postgresql://postgres@127.0.0.1:55432/postgres")

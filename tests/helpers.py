@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import TypeVar
 
 from confluent_kafka import Consumer, TopicPartition
-from skillstats.sinks.db import open_engine
-from skillstats.sinks.schema import partition_fences, skill_daily_stats, skill_hourly_stats
 from sqlalchemy import select
 
 from skillstats.config import Settings
 from skillstats.kafka import end_offsets
 from skillstats.publisher import Publisher
+from skillstats.sinks.db import open_engine
+from skillstats.sinks.schema import partition_fences, skill_daily_stats, skill_hourly_stats
 from skillstats.workload import Record
 from tests.conftest import settings_env
 

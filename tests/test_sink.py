@@ -6,6 +6,11 @@ import threading
 from pathlib import Path
 
 import pytest
+from sqlalchemy import inspect, select, text
+from sqlalchemy.exc import OperationalError
+
+from skillstats.contract import StatEvent, make_event
+from skillstats.retry import Backoff
 from skillstats.sinks.apply import (
     Abandoned,
     ApplyOutcome,
@@ -17,11 +22,6 @@ from skillstats.sinks.apply import (
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.migrate import current_revision, head_revision, upgrade
 from skillstats.sinks.schema import skill_daily_stats
-from sqlalchemy import inspect, select, text
-from sqlalchemy.exc import OperationalError
-
-from skillstats.contract import StatEvent, make_event
-from skillstats.retry import Backoff
 
 NOW = 1_764_460_800_000
 

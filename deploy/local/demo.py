@@ -61,7 +61,10 @@ def main() -> int:
     with log_path.open("wb") as log:
         worker = subprocess.Popen(
             [sys.executable, "-m", "skillstats.cli", "windows", "--log-level", "info"],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     print(f"windows worker started (pid {worker.pid}, log {log_path})")
     try:
@@ -95,7 +98,8 @@ def show(engine: object) -> None:
         print("skill_daily_stats, busiest 8 rows:")
         print(f"  {'skill_id':<12} {'day':<12} {'downloads':>9} {'installs':>8}")
         for row in connection.execute(
-            select(skill_daily_stats).order_by(skill_daily_stats.c.downloads.desc(), skill_daily_stats.c.skill_id)
+            select(skill_daily_stats)
+            .order_by(skill_daily_stats.c.downloads.desc(), skill_daily_stats.c.skill_id)
             .limit(8)
         ):
             print(f"  {row.skill_id:<12} {row.day!s:<12} {row.downloads:>9} {row.installs:>8}")
@@ -125,9 +129,11 @@ def check(engine: object, records: list, parked: int) -> int:
         hourly = connection.execute(select(func.sum(skill_hourly_stats.c.downloads))).scalar()
     invalid = sum(1 for r in records if not r.valid)
     ok = downloads == hourly == kinds["download"] and installs == kinds["install_new"] and parked == invalid
-    print(f"\ncheck: {kinds['download']} download and {kinds['install_new']} install_new events published; "
-          f"SQL counts {downloads} downloads and {installs} installs by day, {hourly} downloads by hour "
-          f"; {invalid} invalid records published, {parked} parked in the DLQ -> {'exact' if ok else 'MISMATCH'}")
+    print(
+        f"\ncheck: {kinds['download']} download and {kinds['install_new']} install_new events published; "
+        f"SQL counts {downloads} downloads and {installs} installs by day, {hourly} downloads by hour "
+        f"; {invalid} invalid records published, {parked} parked in the DLQ -> {'exact' if ok else 'MISMATCH'}"
+    )
     return 0 if ok else 1
 
 

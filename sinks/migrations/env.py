@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
+
 from skillstats.sinks.migrate import VERSION_TABLE
 
 connection = context.config.attributes["connection"]
