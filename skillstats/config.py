@@ -49,6 +49,18 @@ class Settings:
             kafka_security=security,
         )
 
+    def to_env(self) -> dict[str, str]:
+        """The environment that gives a `skillstats` subprocess these settings."""
+        return {
+            "SKILLSTATS_KAFKA_BOOTSTRAP": self.kafka_bootstrap,
+            "SKILLSTATS_DATABASE_URL": self.database_url,
+            "SKILLSTATS_TOPIC": self.topic,
+            "SKILLSTATS_DLQ_TOPIC": self.dlq_topic,
+            "SKILLSTATS_WINDOWS_GROUP": self.windows_group,
+            "SKILLSTATS_DOCSYNC_GROUP": self.docsync_group,
+            **{"SKILLSTATS_KAFKA_" + k.replace(".", "_").upper(): v for k, v in self.kafka_security.items()},
+        }
+
     def override(self, **changes: Any) -> Settings:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import threading
 import time
 from collections.abc import AsyncIterable, Mapping, Sequence
@@ -103,6 +104,29 @@ class WindowsApp(faust.App):
         return FencedTransport(self.conf.broker_consumer, self)
 
 
+def faust_credentials(settings: Settings) -> Any:
+    """The librdkafka-style security settings, as faust (aiokafka) wants them."""
+    security = settings.kafka_security
+    protocol = security.get("security.protocol", "PLAINTEXT").upper()
+    if protocol == "PLAINTEXT":
+        return None
+    context = None
+    if protocol in ("SSL", "SASL_SSL"):
+        context = ssl.create_default_context(cafile=security.get("ssl.ca.location"))
+        if "ssl.certificate.location" in security:
+            context.load_cert_chain(
+                security["ssl.certificate.location"], security.get("ssl.key.location"), security.get("ssl.key.password")
+            )
+    if protocol == "SSL":
+        return faust.SSLCredentials(context)
+    return faust.SASLCredentials(
+        username=security.get("sasl.username"),
+        password=security.get("sasl.password"),
+        mechanism=security.get("sasl.mechanism", "PLAIN"),
+        ssl_context=context,
+    )
+
+
 def build_app(
     settings: Settings,
     *,
@@ -128,6 +152,7 @@ def build_app(
         # in the same pod) takes its partitions back at once, instead of the whole
         # group waiting a session timeout for the dead member to be declared gone.
         consumer_group_instance_id=instance_id,
+        broker_credentials=faust_credentials(settings),
     )
     app.sql_fences = {}
     source = app.topic(settings.topic, key_type=bytes, value_type=bytes)

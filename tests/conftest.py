@@ -92,12 +92,4 @@ def settings(kafka_bootstrap: str, database_url: str) -> Settings:
 
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that points a `skillstats` subprocess at these settings."""
-    return {
-        **os.environ,
-        "SKILLSTATS_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-        "SKILLSTATS_DATABASE_URL": settings.database_url,
-        "SKILLSTATS_TOPIC": settings.topic,
-        "SKILLSTATS_DLQ_TOPIC": settings.dlq_topic,
-        "SKILLSTATS_WINDOWS_GROUP": settings.windows_group,
-        "SKILLSTATS_DOCSYNC_GROUP": settings.docsync_group,
-    }
+    return {**os.environ, **settings.to_env()}

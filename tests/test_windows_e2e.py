@@ -7,10 +7,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from sqlalchemy import insert
 
 from skillstats.config import Settings
 from skillstats.dlq import H_OFFSET, H_PARTITION, H_REASON
 from skillstats.kafka import committed_offsets
+from skillstats.sinks.db import open_engine
+from skillstats.sinks.schema import skills
 from skillstats.workload import generate
 from tests.conftest import record_metric
 from tests.helpers import (
@@ -32,6 +35,12 @@ def test_randomized_stream_is_counted_exactly(settings: Settings, tmp_path: Path
     records = list(generate(EVENTS, now_ms=now_ms, skills=3000, seed=11, invalid_ratio=0.01, late_ratio=0.1))
     invalid = [r for r in records if not r.valid]
     assert len(invalid) > 100 and len({r.value for r in invalid}) > 12
+    # The registry has rows for only some skills; daily/hourly rows are due for all.
+    registered = {f"sk_{i:06d}" for i in range(0, 3000, 2)}
+    engine = open_engine(settings.database_url)
+    with engine.begin() as connection:
+        connection.execute(insert(skills), [{"id": skill, "owner_id": "u1"} for skill in sorted(registered)])
+    engine.dispose()
 
     worker = WorkerProcess(settings, tmp_path / "worker.log")
     assert publish(settings, records) == EVENTS
@@ -49,6 +58,7 @@ def test_randomized_stream_is_counted_exactly(settings: Settings, tmp_path: Path
     daily, hourly = actual_windows(settings)
     assert daily == expected_daily
     assert hourly == expected_hourly
+    assert {skill for skill, _ in daily} - registered, "no rows for skills the registry does not know"
 
     parked = read_topic(settings, settings.dlq_topic)
     assert Counter((k, v) for k, v, _ in parked) == Counter((r.key, r.value) for r in invalid)

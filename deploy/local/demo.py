@@ -50,14 +50,7 @@ def main() -> int:
     upgrade(engine)
 
     log_path = state / "demo-worker.log"
-    env = {
-        **os.environ,
-        "SKILLSTATS_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-        "SKILLSTATS_DATABASE_URL": settings.database_url,
-        "SKILLSTATS_TOPIC": settings.topic,
-        "SKILLSTATS_DLQ_TOPIC": settings.dlq_topic,
-        "SKILLSTATS_WINDOWS_GROUP": settings.windows_group,
-    }
+    env = {**os.environ, **settings.to_env()}
     with log_path.open("wb") as log:
         worker = subprocess.Popen(
             [sys.executable, "-m", "skillstats.cli", "windows", "--log-level", "info"],
