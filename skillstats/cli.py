@@ -131,6 +131,18 @@ def build_parser() -> argparse.ArgumentParser:
     windows.add_argument("--batch-size", type=_positive, default=5000, help="most records per SQL transaction")
     windows.add_argument("--batch-seconds", type=float, default=0.5, help="longest wait to fill a batch")
     windows.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    bench = commands.add_parser(
+        "bench",
+        parents=[common],
+        help="measure throughput, memory and latency of each consumer",
+        description="Preload a fresh topic and measure, in one run, each consumer from a cold start to caught up: "
+        "(a) a bare confluent-kafka loop, the ceiling; (b) the loop plus decoding; (c) skillstats windows on SQLite "
+        "and PostgreSQL; (e) a naive faust agent updating a windowed Table per event; (f) Kafka's own "
+        "kafka-consumer-perf-test. Then publish-to-SQL latency at a steady offered load. See docs/performance.md.",
+    )
+    from skillstats.bench import add_arguments
+
+    add_arguments(bench)
     return parser
 
 
@@ -261,7 +273,13 @@ def cmd_windows(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"init": cmd_init, "publish": cmd_publish, "windows": cmd_windows}
+def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    from skillstats.bench import main_from_cli
+
+    return main_from_cli(args, settings)
+
+
+COMMANDS = {"init": cmd_init, "publish": cmd_publish, "windows": cmd_windows, "bench": cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

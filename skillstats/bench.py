@@ -1,0 +1,486 @@
+"""`skillstats bench`: where the time goes, measured in one run on one machine.
+
+Preloads a fresh topic, then runs each consumer in a process of its own, from a
+cold start until it has caught up with the preloaded records, and reports for
+each: the wall time from process start, the steady rate from its first record
+to caught up, the ratio of that rate to the bare confluent-kafka loop (the
+ceiling on this machine) and the process's peak RSS. A second part offers a
+steady load and measures publish-to-visible-in-SQL latency.
+
+The consumer roles (`bare`, `decode`, `naive-faust`) also run from here, as
+`python -m skillstats.bench ROLE ...`, so that each is measured in isolation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import text
+
+from skillstats.config import Settings
+from skillstats.contract import make_event
+from skillstats.kafka import committed_offsets, end_offsets, ensure_topics
+from skillstats.publisher import Publisher
+from skillstats.sinks.apply import WindowsSink
+from skillstats.sinks.db import open_engine
+from skillstats.sinks.migrate import upgrade
+from skillstats.workload import generate
+
+PARTITIONS = 12
+
+
+@dataclass
+class Result:
+    name: str
+    events: int
+    wall_seconds: float  # process start -> caught up
+    steady_seconds: float  # first record -> caught up
+    peak_rss_mb: float
+    note: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.steady_seconds if self.steady_seconds > 0 else 0.0
+
+
+def _log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- child roles
+
+
+def _role_loop(bootstrap: str, topic: str, group: str, expected: int, decode_records: bool) -> None:
+    """A bare confluent-kafka consume loop (optionally decoding); prints first/last record times."""
+    from confluent_kafka import Consumer
+
+    from skillstats.contract import decode
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "fetch.min.bytes": 1,
+            "queued.max.messages.kbytes": 262144,
+        }
+    )
+    consumer.subscribe([topic])
+    seen = 0
+    first = 0.0
+    now_ms = int(time.time() * 1000)
+    while seen < expected:
+        messages = consumer.consume(10_000, timeout=1.0)
+        if messages and not first:
+            first = time.time()
+        if decode_records:
+            for message in messages:
+                if message.error() is None:
+                    decode(message.key(), message.value(), now_ms)
+                    seen += 1
+        else:
+            for message in messages:
+                if message.error() is None:
+                    seen += 1
+    print(f"first={first} last={time.time()}", flush=True)
+    consumer.close()
+
+
+def _role_naive_faust(bootstrap: str, topic: str, group: str) -> None:
+    """The textbook faust way: one windowed Table update per event."""
+    from datetime import timedelta
+
+    import faust
+    import orjson
+
+    app = faust.App(
+        group,
+        broker=f"kafka://{bootstrap}",
+        store="memory://",
+        key_serializer="raw",
+        value_serializer="raw",
+        web_enabled=False,
+        topic_partitions=PARTITIONS,
+        topic_disable_leader=True,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=0.5,
+    )
+    source = app.topic(topic, key_type=bytes, value_type=bytes)
+    downloads = app.Table(f"{group}-downloads", default=int, partitions=PARTITIONS).tumbling(
+        timedelta(hours=1), expires=timedelta(days=30)
+    )
+
+    @app.agent(source)
+    async def count(stream):  # type: ignore[no-untyped-def]
+        async for value in stream:
+            event = orjson.loads(value)
+            if event["kind"] == "download":
+                downloads[event["skill_id"]] += 1
+
+    faust.Worker(app, loglevel="warning", quiet=True).execute_from_commandline()
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def _measure(
+    name: str,
+    argv: list[str],
+    env: dict[str, str],
+    events: int,
+    done: Callable[[], bool] | None,
+    first_progress: Callable[[], bool] | None = None,
+    note: str = "",
+) -> Result:
+    """Run `argv` until it exits (done=None) or `done()` holds; time it and read its peak RSS."""
+    _log(f"{name}: starting")
+    started = time.monotonic()
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    first_at = 0.0
+    if done is not None:
+        while not done():
+            if first_progress is not None and not first_at and first_progress():
+                first_at = time.monotonic()
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited early with status {process.returncode}")
+            time.sleep(0.05)
+        finished = time.monotonic()
+        process.terminate()
+    _pid, status, usage = os.wait4(process.pid, 0)
+    output = process.stdout.read() if process.stdout else ""
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if done is None:
+        finished = time.monotonic()
+        if process.returncode != 0:
+            raise RuntimeError(f"{name} failed with status {process.returncode}: {output[-500:]}")
+        fields = dict(part.split("=") for part in output.split() if "=" in part)
+        steady = float(fields["last"]) - float(fields["first"])
+    else:
+        steady = finished - (first_at or started)
+    result = Result(name, events, finished - started, steady, usage.ru_maxrss / 1024, note)
+    _log(f"{name}: {result.rate:,.0f} events/s steady, {result.wall_seconds:.1f}s wall, {result.peak_rss_mb:.0f} MiB")
+    return result
+
+
+def _caught_up_sql(sink: WindowsSink, ends: dict[int, int]) -> Callable[[], bool]:
+    wanted = {p: n for p, n in ends.items() if n}
+    return lambda: sink.fences() == wanted
+
+
+def _any_sql_progress(sink: WindowsSink) -> Callable[[], bool]:
+    return lambda: bool(sink.fences())
+
+
+def _kafka_perf_test(settings: Settings, topic: str, events: int) -> Result | None:
+    libs = Path(os.environ.get("SKILLSTATS_STATE_DIR", ".local")) / "kafka-libs"
+    if not libs.is_dir():
+        _log(f"kafka-consumer-perf-test: skipped, no Kafka jars at {libs} (deploy/local/kafka.sh fetch)")
+        return None
+    argv = [
+        "java",
+        "-Xmx1g",
+        "-cp",
+        f"{libs}/*",
+        "org.apache.kafka.tools.ConsumerPerformance",
+        "--bootstrap-server",
+        settings.kafka_bootstrap,
+        "--topic",
+        topic,
+        "--messages",
+        str(events),
+        "--group",
+        f"bench-perftest-{uuid.uuid4().hex[:6]}",
+        "--timeout",
+        "120000",
+    ]
+    started = time.monotonic()
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    _pid, _status, usage = os.wait4(process.pid, 0)
+    wall = time.monotonic() - started
+    lines = [line for line in (process.stdout.read() if process.stdout else "").splitlines() if line.strip()]
+    header, values = [h.strip() for h in lines[-2].split(",")], [v.strip() for v in lines[-1].split(",")]
+    row = dict(zip(header, values, strict=False))
+    fetch_rate = float(row.get("fetch.nMsg.sec", row.get("nMsg.sec", "0")))
+    consumed = int(float(row.get("data.consumed.in.nMsg", events)))
+    result = Result(
+        "f. kafka-consumer-perf-test (JVM)",
+        consumed,
+        wall,
+        consumed / fetch_rate if fetch_rate else wall,
+        usage.ru_maxrss / 1024,
+        "the tool's own fetch.nMsg.sec",
+    )
+    _log(f"{result.name}: {result.rate:,.0f} events/s")
+    return result
+
+
+def _latency(settings: Settings, database_url: str, rate: int, seconds: int) -> tuple[float, float, int]:
+    """Offer `rate` events/s for `seconds` to a windows worker; p50/p99 publish -> visible in SQL."""
+    run = uuid.uuid4().hex[:8]
+    lat = settings.override(
+        topic=f"bench-lat-{run}",
+        dlq_topic=f"bench-lat-{run}.dlq",
+        windows_group=f"bench-lat-{run}",
+        database_url=database_url,
+    )
+    ensure_topics(lat, {lat.topic: PARTITIONS, lat.dlq_topic: 1})
+    engine = open_engine(database_url)
+    upgrade(engine)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "skillstats.cli", "windows"],
+        env={**os.environ, **lat.to_env()},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    sent: dict[str, float] = {}
+    seen: dict[str, float] = {}
+    stop = threading.Event()
+
+    def watch() -> None:
+        prefix = f"probe-{run}-"
+        while not stop.is_set():
+            with engine.connect() as connection:
+                rows = connection.execute(
+                    text("SELECT skill_id FROM skill_hourly_stats WHERE skill_id LIKE :p"), {"p": prefix + "%"}
+                ).scalars()
+                now = time.monotonic()
+                for skill in rows:
+                    seen.setdefault(skill, now)
+            time.sleep(0.02)
+
+    try:
+        sink = WindowsSink(engine, lat.windows_group, lat.topic)
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        load = generate(rate * seconds, now_ms=int(time.time() * 1000), skills=20_000, seed=3)
+        publisher = Publisher(lat)
+        sent_count = 0
+        probe = 0
+        # Measure only once the worker has joined and applied something: one invalid
+        # record (parked, but it moves the fence) until the fence shows up.
+        deadline_first = time.monotonic() + 60
+        while not sink.fences() and time.monotonic() < deadline_first:
+            publisher.send_raw(b"warm", None)
+            publisher.flush()
+            time.sleep(0.2)
+        started = time.monotonic()
+        while (elapsed := time.monotonic() - started) < seconds:
+            due = int(elapsed * rate)
+            while sent_count < due:
+                if sent_count % 250 == 0:  # 20 probes a second at 5,000 events/s
+                    skill = f"probe-{run}-{probe}"
+                    probe += 1
+                    event = make_event(skill, "download", int(time.time() * 1000))
+                    sent[skill] = time.monotonic()
+                    publisher.send(event)
+                else:
+                    record = next(load)
+                    publisher.send_raw(record.key, record.value)
+                sent_count += 1
+            time.sleep(0.002)
+        publisher.flush()
+        deadline = time.monotonic() + 30
+        while len(seen) < len(sent) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        worker.terminate()
+        worker.wait(60)
+    latencies = sorted(seen[s] - sent[s] for s in sent if s in seen)
+    missing = len(sent) - len(latencies)
+    if not latencies:
+        raise RuntimeError("no probe became visible")
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    return statistics.median(latencies), p99, missing
+
+
+# ---------------------------------------------------------------- the run
+
+
+def run(
+    settings: Settings,
+    *,
+    events: int,
+    skills: int,
+    databases: dict[str, str],
+    skip: set[str],
+    latency_rate: int,
+    latency_seconds: int,
+) -> str:
+    run_id = uuid.uuid4().hex[:8]
+    topic = f"bench-{run_id}"
+    bench = settings.override(topic=topic, dlq_topic=f"{topic}.dlq")
+    ensure_topics(bench, {topic: PARTITIONS, bench.dlq_topic: 1})
+    _log(f"preloading {events:,} events ({skills:,} skills) into {topic}")
+    started = time.monotonic()
+    with Publisher(bench, flush_timeout=300) as publisher:
+        for record in generate(events, now_ms=int(time.time() * 1000), skills=skills, seed=42):
+            publisher.send_raw(record.key, record.value)
+    publish_rate = events / (time.monotonic() - started)
+    _log(f"preloaded at {publish_rate:,.0f} events/s")
+    ends = end_offsets(bench, topic)
+    env = dict(os.environ)
+    python = sys.executable
+    results: list[Result] = []
+
+    def group() -> str:
+        return f"bench-{run_id}-{uuid.uuid4().hex[:6]}"
+
+    if "bare" not in skip:
+        results.append(
+            _measure(
+                "a. bare confluent-kafka loop",
+                [python, "-m", "skillstats.bench", "bare", bench.kafka_bootstrap, topic, group(), str(events)],
+                env,
+                events,
+                None,
+            )
+        )
+    if "decode" not in skip:
+        results.append(
+            _measure(
+                "b. loop + decode/validate",
+                [python, "-m", "skillstats.bench", "decode", bench.kafka_bootstrap, topic, group(), str(events)],
+                env,
+                events,
+                None,
+            )
+        )
+    for label, url in databases.items():
+        if "windows" in skip:
+            break
+        engine = open_engine(url)
+        upgrade(engine)
+        windows = bench.override(windows_group=group(), database_url=url)
+        sink = WindowsSink(engine, windows.windows_group, topic)
+        results.append(
+            _measure(
+                f"c. skillstats windows ({label})",
+                [python, "-m", "skillstats.cli", "windows"],
+                {**env, **windows.to_env()},
+                events,
+                _caught_up_sql(sink, ends),
+                _any_sql_progress(sink),
+            )
+        )
+    if "docsync" not in skip:
+        _log("d. skillstats docsync: skipped (the docsync consumer has not landed yet)")
+    if "naive" not in skip:
+        naive_group = group()
+        wanted = {p: n for p, n in ends.items() if n}
+
+        def naive_done() -> bool:
+            return committed_offsets(bench, naive_group, topic) == wanted
+
+        results.append(
+            _measure(
+                "e. naive faust (Table update per event)",
+                [python, "-m", "skillstats.bench", "naive-faust", bench.kafka_bootstrap, topic, naive_group],
+                env,
+                events,
+                naive_done,
+                lambda: bool(committed_offsets(bench, naive_group, topic)),
+                note="done = offsets committed (0.5 s interval)",
+            )
+        )
+    if "perftest" not in skip:
+        perf = _kafka_perf_test(bench, topic, events)
+        if perf:
+            results.append(perf)
+    latency = None
+    if latency_seconds and "latency" not in skip and databases:
+        label, url = next(reversed(databases.items()))
+        _log(f"latency: {latency_rate:,} events/s for {latency_seconds}s into windows ({label})")
+        latency = (label, *_latency(settings, url, latency_rate, latency_seconds))
+    return report(results, events, skills, publish_rate, latency, latency_rate, latency_seconds)
+
+
+def report(
+    results: list[Result],
+    events: int,
+    skills: int,
+    publish_rate: float,
+    latency: tuple[str, float, float, int] | None,
+    rate: int,
+    seconds: int,
+) -> str:
+    ceiling = next((r.rate for r in results if r.name.startswith("a.")), 0.0)
+    lines = [
+        f"{events:,} events, {skills:,} skills (Zipf), {PARTITIONS} partitions; preloaded at {publish_rate:,.0f} "
+        f"events/s by the Python publisher.",
+        "",
+        "| consumer | events/s (steady) | ratio to (a) | wall, cold start to caught up | peak RSS | note |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        ratio = f"{r.rate / ceiling:.2f}" if ceiling else "-"
+        lines.append(
+            f"| {r.name} | {r.rate:,.0f} | {ratio} | {r.wall_seconds:.1f} s | {r.peak_rss_mb:.0f} MiB | {r.note} |"
+        )
+    if latency:
+        label, p50, p99, missing = latency
+        lines += [
+            "",
+            f"Publish -> visible in SQL at {rate:,} events/s for {seconds} s ({label}): "
+            f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms"
+            + (f", {missing} probes never seen" if missing else "")
+            + ".",
+        ]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--events", type=int, default=2_000_000, help="events to preload (default 2,000,000)")
+    parser.add_argument("--skills", type=int, default=20_000, help="distinct skills (default 20,000)")
+    parser.add_argument("--sqlite", metavar="PATH", help="SQLite file for case c (default: a temporary file)")
+    parser.add_argument("--postgres", metavar="URL", help="PostgreSQL URL for case c (default: skip PostgreSQL)")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated: bare,decode,windows,docsync,naive,perftest,latency"
+    )
+    parser.add_argument("--latency-rate", type=int, default=5000, help="offered events/s for the latency part")
+    parser.add_argument("--latency-seconds", type=int, default=60, help="length of the latency part (0: skip)")
+    parser.add_argument("--output", type=Path, help="also write the markdown table to this file")
+
+
+def main_from_cli(args: argparse.Namespace, settings: Settings) -> int:
+    import tempfile
+
+    databases: dict[str, str] = {}
+    scratch = tempfile.mkdtemp(prefix="skillstats-bench-")
+    databases["SQLite"] = f"sqlite:///{args.sqlite or Path(scratch) / 'bench.db'}"
+    if args.postgres:
+        databases["PostgreSQL"] = args.postgres
+    table = run(
+        settings,
+        events=args.events,
+        skills=args.skills,
+        databases=databases,
+        skip={s.strip() for s in args.skip.split(",") if s.strip()},
+        latency_rate=args.latency_rate,
+        latency_seconds=args.latency_seconds,
+    )
+    print(table)
+    if args.output:
+        args.output.write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    role, *rest = sys.argv[1:]
+    if role in ("bare", "decode"):
+        _role_loop(rest[0], rest[1], rest[2], int(rest[3]), decode_records=role == "decode")
+    elif role == "naive-faust":
+        _role_naive_faust(rest[0], rest[1], rest[2])
+    else:
+        raise SystemExit(f"unknown role {role!r}")
