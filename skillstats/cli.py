@@ -128,8 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("SKILLSTATS_INSTANCE_ID"),
         help="static group membership id, stable across restarts, e.g. the pod name [SKILLSTATS_INSTANCE_ID]",
     )
-    windows.add_argument("--batch-size", type=_positive, default=5000, help="most records per SQL transaction")
-    windows.add_argument("--batch-seconds", type=float, default=0.5, help="longest wait to fill a batch")
+    windows.add_argument(
+        "--batch-size",
+        type=_positive,
+        default=50_000,
+        help="most records per SQL transaction (default 50000); records fetched while one "
+        "transaction runs form the next, so batches are small when the stream is quiet",
+    )
+    windows.add_argument(
+        "--fetch-size", type=_positive, default=10_000, help="most records per fetch from Kafka (default 10000)"
+    )
     windows.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     bench = commands.add_parser(
         "bench",
@@ -267,7 +275,7 @@ def cmd_windows(args: argparse.Namespace, settings: Settings) -> int:
         settings,
         log_level=args.log_level,
         batch_size=args.batch_size,
-        batch_seconds=args.batch_seconds,
+        fetch_size=args.fetch_size,
         instance_id=args.instance_id,
     )
     return EXIT_OK

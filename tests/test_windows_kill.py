@@ -37,7 +37,7 @@ def test_kill_9_mid_stream_then_restart(settings: Settings, tmp_path: Path) -> N
 
     half = len(records) // 2
     assert publish(settings, records[:half]) == half
-    worker = WorkerProcess(settings, log, "--batch-size", "700", "--instance-id", "worker-a")
+    worker = WorkerProcess(settings, log, "--fetch-size", "500", "--batch-size", "1000", "--instance-id", "worker-a")
     for index, share in enumerate(kill_points):
         if index == 1:
             # The rest of the stream arrives while the worker is being killed and restarted.
@@ -50,7 +50,9 @@ def test_kill_9_mid_stream_then_restart(settings: Settings, tmp_path: Path) -> N
             f"kill -9 ({settings.database_url.split(':')[0]}, seed {seed}): killed at {applied} "
             f"of {EVENTS} records applied (aimed at {target})"
         )
-        worker = WorkerProcess(settings, log, "--batch-size", "700", "--instance-id", "worker-a")
+        worker = WorkerProcess(
+            settings, log, "--fetch-size", "500", "--batch-size", "1000", "--instance-id", "worker-a"
+        )
 
     wait_until(caught_up(settings, settings.windows_group, worker), 180, "the restarted worker to catch up")
     assert worker.terminate() == 0, worker.log_tail()
@@ -66,8 +68,12 @@ def test_kill_9_mid_stream_then_restart(settings: Settings, tmp_path: Path) -> N
 
 
 def applied_at_least(settings: Settings, worker: WorkerProcess, target: int) -> Callable[[], bool]:
+    deadline = time.monotonic() + 110
+
     def check() -> bool:
         worker.assert_alive()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"worker stalled below {target}; its log:\n{worker.log_tail(80)}")
         return sum(fences(settings, settings.windows_group).values()) >= target
 
     return check
@@ -77,9 +83,9 @@ def test_rebalances_between_two_workers(settings: Settings, tmp_path: Path) -> N
     records = list(generate(EVENTS, now_ms=int(time.time() * 1000), skills=1500, seed=5, invalid_ratio=0.005))
     third = len(records) // 3
     publish(settings, records[:third])
-    first = WorkerProcess(settings, tmp_path / "a.log", "--batch-size", "500")
+    first = WorkerProcess(settings, tmp_path / "a.log", "--fetch-size", "500")
     wait_until(lambda: sum(fences(settings, settings.windows_group).values()) >= third // 2, 120, "a first batch")
-    second = WorkerProcess(settings, tmp_path / "b.log", "--batch-size", "500")  # joins: partitions move
+    second = WorkerProcess(settings, tmp_path / "b.log", "--fetch-size", "500")  # joins: partitions move
     publish(settings, records[third : 2 * third])
     wait_until(lambda: sum(fences(settings, settings.windows_group).values()) >= third, 120, "the second third")
     assert first.terminate() == 0, first.log_tail()  # leaves: its partitions move to `second`
