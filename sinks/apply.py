@@ -10,6 +10,7 @@ in. Kafka's committed offset is only ever a hint for where to resume reading.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from abc import ABC, abstractmethod
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 from sqlalchemy import Connection, Engine, Table, and_, bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -32,8 +34,7 @@ _EPOCH = datetime(1970, 1, 1)
 _UPSERT_CHUNK = 2000
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumedRecord:
+class ConsumedRecord(msgspec.Struct, frozen=True, gc=False):
     """One consumed record reduced to what a sink needs.
 
     `event` is None for a record that counts nothing but must still move the fence
@@ -71,18 +72,33 @@ def now_utc_naive() -> datetime:
 
 
 def upsert_adding(
-    connection: Connection, table: Table, keys: Sequence[str], rows: list[dict[str, Any]], touched: str
+    connection: Connection,
+    table: Table,
+    keys: Sequence[str],
+    counters: Sequence[str],
+    rows: list[tuple[Any, ...]],
+    touched: str,
+    now: datetime,
 ) -> None:
-    """INSERT ... ON CONFLICT DO UPDATE adding each non-key, non-`touched` column.
+    """INSERT ... ON CONFLICT DO UPDATE adding `counters`; each row is its key values, then its counts.
 
     Rows are written in key order: two transactions touching overlapping rows then
-    lock them in the same order and cannot deadlock each other.
+    lock them in the same order and cannot deadlock each other. Keys must be unique
+    within `rows` (they are: rows come out of a fold).
     """
     if not rows:
         return
-    dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
-    statement = dialect.insert(table)
-    counters = [name for name in rows[0] if name not in keys and name != touched]
+    rows.sort()
+    if connection.dialect.name == "postgresql":
+        # One statement over arrays: no bound-parameter limit, one round trip, and the
+        # server does the row-by-row work (executemany of VALUES lists measured ~2x slower).
+        columns = list(zip(*rows, strict=True))
+        parameters = {f"c{i}": list(column) for i, column in enumerate(columns)}
+        connection.exec_driver_sql(
+            _pg_unnest_upsert(table, tuple(keys), tuple(counters), touched), {**parameters, "touched": now}
+        )
+        return
+    statement = sqlite.insert(table)
     statement = statement.on_conflict_do_update(
         index_elements=list(keys),
         set_={
@@ -90,9 +106,31 @@ def upsert_adding(
             touched: statement.excluded[touched],
         },
     )
-    rows.sort(key=lambda row: tuple(row[k] for k in keys))
-    for start in range(0, len(rows), _UPSERT_CHUNK):
-        connection.execute(statement, rows[start : start + _UPSERT_CHUNK])
+    names = [*keys, *counters]
+    dicts = [{**dict(zip(names, row, strict=True)), touched: now} for row in rows]
+    for start in range(0, len(dicts), _UPSERT_CHUNK):
+        connection.execute(statement, dicts[start : start + _UPSERT_CHUNK])
+
+
+@functools.cache
+def _pg_unnest_upsert(table: Table, keys: tuple[str, ...], counters: tuple[str, ...], touched: str) -> str:
+    dialect = postgresql.dialect()
+    names = [*keys, *counters]
+    arrays = ", ".join(f"%(c{i})s::{table.c[name].type.compile(dialect=dialect)}[]" for i, name in enumerate(names))
+    updates = ", ".join(f"{name} = {table.name}.{name} + EXCLUDED.{name}" for name in counters)
+    return (
+        f"INSERT INTO {table.name} ({', '.join(names)}, {touched}) "
+        f"SELECT {', '.join(f'u.{n}' for n in names)}, %(touched)s FROM unnest({arrays}) AS u({', '.join(names)}) "
+        f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}, {touched} = EXCLUDED.{touched}"
+    )
+
+
+class Prepared(msgspec.Struct, frozen=True):
+    """A batch folded ahead of its transaction: records, per-partition offset spans, the fold."""
+
+    records: Sequence[ConsumedRecord]
+    spans: dict[int, tuple[int, int]]  # partition -> (first offset, next offset after the last)
+    folded: Any
 
 
 class FencedSink(ABC):
@@ -104,8 +142,12 @@ class FencedSink(ABC):
         self.topic = topic
 
     @abstractmethod
-    def write(self, connection: Connection, events: list[StatEvent], now: datetime) -> None:
-        """Fold `events` (all new to this group) into the sink's tables."""
+    def fold(self, events: list[StatEvent]) -> Any:
+        """Reduce events to per-row deltas (no I/O: it may run outside the transaction)."""
+
+    @abstractmethod
+    def write(self, connection: Connection, folded: Any, now: datetime) -> None:
+        """Add what `fold` made to the sink's tables, inside the batch's transaction."""
 
     def fences(self) -> dict[int, int]:
         """Next offset to apply, per partition this group has written."""
@@ -136,34 +178,57 @@ class FencedSink(ABC):
         )
         return {partition: next_offset for partition, next_offset in rows}
 
-    def apply(self, records: Sequence[ConsumedRecord]) -> ApplyOutcome:
+    def prepare(self, records: Sequence[ConsumedRecord]) -> Prepared:
+        """Fold a batch ahead of its transaction (in another thread, while the previous one commits)."""
+        spans: dict[int, list[int]] = {}
+        events: list[StatEvent] = []
+        for record in records:
+            span = spans.get(record.partition)
+            if span is None:
+                spans[record.partition] = [record.offset, record.offset + 1]
+            else:
+                span[1] = record.offset + 1
+            if record.event is not None:
+                events.append(record.event)
+        return Prepared(records, {p: (first, end) for p, (first, end) in spans.items()}, self.fold(events))
+
+    def apply(self, batch: Sequence[ConsumedRecord] | Prepared) -> ApplyOutcome:
         """Apply one batch in one transaction; records at or below a fence are skipped."""
+        prepared = batch if isinstance(batch, Prepared) else self.prepare(batch)
         outcome = ApplyOutcome()
-        if not records:
+        if not prepared.records:
             return outcome
         now = now_utc_naive()
         with self.engine.begin() as connection:
-            fences = self._lock_fences(connection, (r.partition for r in records), now)
-            fresh: list[StatEvent] = []
-            advanced: dict[int, int] = {}
-            for record in records:
-                fence = advanced.get(record.partition, fences[record.partition])
-                if record.offset < fence:
-                    outcome.replayed += 1
-                    continue
-                if record.offset > fence and record.partition not in advanced:
+            fences = self._lock_fences(connection, prepared.spans, now)
+            for partition, (first, _end) in prepared.spans.items():
+                if first > fences[partition]:
                     log.warning(
                         "partition %d: offsets %d..%d were never applied by %s (deleted by retention?)",
-                        record.partition,
-                        fence,
-                        record.offset - 1,
+                        partition,
+                        fences[partition],
+                        first - 1,
                         self.group_id,
                     )
-                advanced[record.partition] = record.offset + 1
-                outcome.applied += 1
-                if record.event is not None:
-                    fresh.append(record.event)
-            self.write(connection, fresh, now)
+            if all(first >= fences[p] for p, (first, _end) in prepared.spans.items()):
+                # The usual case: nothing in the batch was applied before, so the fold
+                # made outside the transaction is the one to write.
+                folded = prepared.folded
+                advanced = {p: end for p, (_first, end) in prepared.spans.items()}
+                outcome.applied = len(prepared.records)
+            else:
+                fresh: list[StatEvent] = []
+                advanced = {}
+                for record in prepared.records:
+                    if record.offset < advanced.get(record.partition, fences[record.partition]):
+                        outcome.replayed += 1
+                        continue
+                    advanced[record.partition] = record.offset + 1
+                    outcome.applied += 1
+                    if record.event is not None:
+                        fresh.append(record.event)
+                folded = self.fold(fresh)
+            self.write(connection, folded, now)
             if advanced:
                 connection.execute(
                     update(partition_fences)
@@ -178,7 +243,9 @@ class FencedSink(ABC):
 class WindowsSink(FencedSink):
     """Per-(skill, UTC hour) and per-(skill, UTC day) counts by event time."""
 
-    def write(self, connection: Connection, events: list[StatEvent], now: datetime) -> None:
+    def fold(
+        self, events: list[StatEvent]
+    ) -> tuple[dict[tuple[str, int], list[int]], dict[tuple[str, int], list[int]]]:
         hourly: dict[tuple[str, int], list[int]] = {}
         daily: dict[tuple[str, int], list[int]] = {}
         for event in events:
@@ -193,25 +260,36 @@ class WindowsSink(FencedSink):
                 else:
                     counts[0] += effect.window_downloads
                     counts[1] += effect.window_installs
+        return hourly, daily
+
+    def write(self, connection: Connection, folded: Any, now: datetime) -> None:
+        hourly, daily = folded
+        instants: dict[int, datetime] = {}
+
+        def instant(ms: int) -> datetime:
+            value = instants.get(ms)
+            if value is None:
+                value = instants[ms] = utc_naive(ms)
+            return value
+
+        counters = ("downloads", "installs")
         upsert_adding(
             connection,
             skill_hourly_stats,
             ("skill_id", "hour"),
-            [
-                {"skill_id": s, "hour": utc_naive(h), "downloads": d, "installs": i, "updated_at": now}
-                for (s, h), (d, i) in hourly.items()
-            ],
+            counters,
+            [(s, instant(h), d, i) for (s, h), (d, i) in hourly.items()],
             "updated_at",
+            now,
         )
         upsert_adding(
             connection,
             skill_daily_stats,
             ("skill_id", "day"),
-            [
-                {"skill_id": s, "day": utc_naive(day).date(), "downloads": d, "installs": i, "updated_at": now}
-                for (s, day), (d, i) in daily.items()
-            ],
+            counters,
+            [(s, instant(day).date(), d, i) for (s, day), (d, i) in daily.items()],
             "updated_at",
+            now,
         )
 
 
@@ -224,7 +302,7 @@ ParkRejected = Callable[[ConsumedRecord, BaseException], None]
 
 def apply_with_recovery(
     sink: FencedSink,
-    records: Sequence[ConsumedRecord],
+    records: Sequence[ConsumedRecord] | Prepared,
     park_rejected: ParkRejected,
     *,
     stop: threading.Event | None = None,
@@ -241,7 +319,7 @@ def apply_with_recovery(
     """
     backoff = backoff or Backoff()
     outcome = ApplyOutcome()
-    pending: list[Sequence[ConsumedRecord]] = [records]
+    pending: list[Sequence[ConsumedRecord] | Prepared] = [records]
     attempt = 0
     while pending:
         chunk = pending.pop()
@@ -259,6 +337,8 @@ def apply_with_recovery(
                     raise Abandoned("shutdown while retrying a batch") from exc
                 attempt += 1
                 continue
+            if isinstance(chunk, Prepared):
+                chunk = chunk.records
             if len(chunk) == 1:
                 log.error(
                     "database rejected %s partition %d offset %d: %s",

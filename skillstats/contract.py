@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
+import msgspec
 import orjson
 
 WIRE_VERSION: Final = 1
@@ -81,9 +82,13 @@ EFFECTS: Final[Mapping[str, Effect]] = {
 KINDS: Final = tuple(EFFECTS)
 
 
-@dataclass(frozen=True, slots=True)
-class StatEvent:
-    """A valid stat event. `occurred_at` is integer milliseconds since the epoch (UTC)."""
+class StatEvent(msgspec.Struct, frozen=True, gc=False):
+    """A valid stat event. `occurred_at` is integer milliseconds since the epoch (UTC).
+
+    A msgspec Struct rather than a frozen dataclass: one is built per record, and a
+    frozen dataclass's __init__ (object.__setattr__ per field) cost more than the
+    JSON decode itself.
+    """
 
     event_id: str
     skill_id: str
@@ -185,8 +190,58 @@ def from_mapping(body: object, now_ms: int, key: bytes | None = None, check_key:
     return StatEvent(event_id, skill_id, kind, occurred_at, all_time, current)  # type: ignore[arg-type]
 
 
+class _WireDelta(msgspec.Struct):
+    all_time: int
+    current: int
+
+
+class _Wire(msgspec.Struct):
+    v: int
+    event_id: str
+    skill_id: str
+    kind: str
+    occurred_at: int
+    delta: _WireDelta | None = None
+
+
+_wire_decoder = msgspec.json.Decoder(_Wire)
+
+
 def decode(key: bytes | None, value: bytes | None, now_ms: int) -> StatEvent | Invalid:
-    """Decode one Kafka record (key and value bytes) into a valid event or the reason it is not."""
+    """Decode one Kafka record (key and value bytes) into a valid event or the reason it is not.
+
+    Two paths, one contract: a typed msgspec decode with the checks inlined takes
+    every record it can prove valid (almost all of them, about 3x faster than a
+    dict walk); anything it cannot, it hands to `decode_reference`, which alone says
+    why a record is invalid. tests/test_contract.py checks both agree.
+    """
+    if value is None or len(value) > MAX_VALUE_BYTES:
+        return decode_reference(key, value, now_ms)
+    try:
+        wire = _wire_decoder.decode(value)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        pass
+    else:
+        skill_id, event_id, kind, at = wire.skill_id, wire.event_id, wire.kind, wire.occurred_at
+        effect = EFFECTS.get(kind)
+        if (
+            wire.v == WIRE_VERSION
+            and 0 < len(event_id) <= MAX_ID_CHARS
+            and 0 < len(skill_id) <= MAX_ID_CHARS
+            and effect is not None
+            and EPOCH_2000_MS <= at <= now_ms + MAX_FUTURE_SKEW_MS
+            and key == skill_id.encode()
+        ):
+            if not effect.uses_delta:
+                return StatEvent(event_id, skill_id, kind, at)
+            delta = wire.delta
+            if delta is not None and abs(delta.all_time) <= MAX_ABS_DELTA and abs(delta.current) <= MAX_ABS_DELTA:
+                return StatEvent(event_id, skill_id, kind, at, delta.all_time, delta.current)
+    return decode_reference(key, value, now_ms)
+
+
+def decode_reference(key: bytes | None, value: bytes | None, now_ms: int) -> StatEvent | Invalid:
+    """The contract as a plain walk over the parsed JSON: slower, and the one that names reasons."""
     if value is None or len(value) > MAX_VALUE_BYTES:
         return Invalid(Reason.MALFORMED, "value is empty" if value is None else "value is over 64 KiB")
     try:

@@ -88,7 +88,10 @@ class FlakySink(FencedSink):
         self.failures = failures
         self.topic = "t"
 
-    def write(self, connection: object, events: list[StatEvent], now: object) -> None:
+    def fold(self, events: list[StatEvent]) -> object:
+        raise NotImplementedError
+
+    def write(self, connection: object, folded: object, now: object) -> None:
         raise NotImplementedError
 
     def apply(self, records: object) -> ApplyOutcome:
