@@ -133,21 +133,13 @@ class Prepared(msgspec.Struct, frozen=True):
     folded: Any
 
 
-class FencedSink(ABC):
-    """Applies batches for one consumer group and topic behind per-partition fences."""
+class PartitionFences:
+    """One consumer group's per-partition fences on one topic, in SQL."""
 
     def __init__(self, engine: Engine, group_id: str, topic: str) -> None:
         self.engine = engine
         self.group_id = group_id
         self.topic = topic
-
-    @abstractmethod
-    def fold(self, events: list[StatEvent]) -> Any:
-        """Reduce events to per-row deltas (no I/O: it may run outside the transaction)."""
-
-    @abstractmethod
-    def write(self, connection: Connection, folded: Any, now: datetime) -> None:
-        """Add what `fold` made to the sink's tables, inside the batch's transaction."""
 
     def fences(self) -> dict[int, int]:
         """Next offset to apply, per partition this group has written."""
@@ -177,6 +169,18 @@ class FencedSink(ABC):
             .with_for_update()
         )
         return {partition: next_offset for partition, next_offset in rows}
+
+
+class FencedSink(PartitionFences, ABC):
+    """Applies batches of consumed records behind the fences."""
+
+    @abstractmethod
+    def fold(self, events: list[StatEvent]) -> Any:
+        """Reduce events to per-row deltas (no I/O: it may run outside the transaction)."""
+
+    @abstractmethod
+    def write(self, connection: Connection, folded: Any, now: datetime) -> None:
+        """Add what `fold` made to the sink's tables, inside the batch's transaction."""
 
     def prepare(self, records: Sequence[ConsumedRecord]) -> Prepared:
         """Fold a batch ahead of its transaction (in another thread, while the previous one commits)."""

@@ -67,3 +67,23 @@ partition_fences = Table(
     Column("next_offset", BigInteger, nullable=False),
     Column("updated_at", DateTime, nullable=False),
 )
+
+# One row per `skillstats docsync` run: the seed's lease row made visible. A run
+# that died without finishing keeps finished_at NULL; `status` and the metrics
+# read the last successful one.
+docsync_runs = Table(
+    "skillstats_docsync_runs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("group_id", Text, nullable=False),
+    Column("started_at", DateTime, nullable=False),
+    Column("finished_at", DateTime, nullable=True),
+    _counter("events_read"),
+    _counter("skills_updated"),
+    _counter("unknown_skill_events"),
+    _counter("invalid_skipped"),
+    Column("stopped_reason", Text, nullable=True),  # caught_up | budget | error; NULL while running
+    Column("last_error", Text, nullable=True),
+    Column("host", Text, nullable=True),
+    Column("pid", Integer, nullable=True),
+)

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import text
 
@@ -173,6 +174,56 @@ def _measure(
     return result
 
 
+def _measure_docsync(name: str, settings: Settings, database_url: str, group: str, events: int) -> Result:
+    """One drain as a CronJob runs it: process start to exit; steady = the drain's own duration."""
+    import json
+
+    engine = open_engine(database_url)
+    upgrade(engine)
+    _ensure_registry_rows(engine, events)
+    drained = settings.override(docsync_group=group, database_url=database_url)
+    _log(f"{name}: starting")
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "skillstats.cli", "docsync", "--json"],
+        env={**os.environ, **drained.to_env()},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    _pid, status, usage = os.wait4(process.pid, 0)
+    wall = time.monotonic() - started
+    output = process.stdout.read() if process.stdout else ""
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{name} failed: {output[-500:]}")
+    summary = json.loads(output.strip().splitlines()[-1])
+    if summary["events_read"] != events:
+        raise RuntimeError(f"{name} read {summary['events_read']} of {events} events")
+    result = Result(
+        name,
+        events,
+        wall,
+        summary["duration_seconds"],
+        usage.ru_maxrss / 1024,
+        "no skills rows: every event counted as unknown skill",
+    )
+    _log(f"{name}: {result.rate:,.0f} events/s steady, {result.wall_seconds:.1f}s wall")
+    return result
+
+
+def _ensure_registry_rows(engine: Any, events: int) -> None:
+    """`skills` rows for the benchmark's skill ids, 300 owners; rows already there are kept."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    from skillstats.sinks.schema import skills
+    from skillstats.workload import skill_ids
+
+    dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
+    rows = [{"id": s, "owner_id": f"user_{i % 300:03d}"} for i, s in enumerate(skill_ids(20_000))]
+    with engine.begin() as connection:
+        connection.execute(dialect.insert(skills).on_conflict_do_nothing(), rows)
+
+
 def _caught_up_sql(sink: WindowsSink, ends: dict[int, int]) -> Callable[[], bool]:
     wanted = {p: n for p, n in ends.items() if n}
     return lambda: sink.fences() == wanted
@@ -312,6 +363,60 @@ def _latency(settings: Settings, database_url: str, rate: int, seconds: int) -> 
     return statistics.median(latencies), p99, missing
 
 
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def soak(settings: Settings, database_url: str, events: int, skills: int) -> str:
+    """Memory of the windows worker over a long run: RSS sampled as the backlog drains."""
+    topic = f"bench-soak-{uuid.uuid4().hex[:8]}"
+    soaked = settings.override(
+        topic=topic, dlq_topic=f"{topic}.dlq", windows_group=f"{topic}-windows", database_url=database_url
+    )
+    ensure_topics(soaked, {topic: PARTITIONS, soaked.dlq_topic: 1})
+    _log(f"soak: preloading {events:,} events")
+    with Publisher(soaked, flush_timeout=600) as publisher:
+        for record in generate(events, now_ms=int(time.time() * 1000), skills=skills, seed=99):
+            publisher.send_raw(record.key, record.value)
+    engine = open_engine(database_url)
+    upgrade(engine)
+    sink = WindowsSink(engine, soaked.windows_group, topic)
+    total = sum(end_offsets(soaked, topic).values())
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "skillstats.cli", "windows"],
+        env={**os.environ, **soaked.to_env()},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    samples: list[tuple[float, float]] = []  # (share applied, RSS MiB)
+    started = time.monotonic()
+    try:
+        while (applied := sum(sink.fences().values())) < total:
+            if worker.poll() is not None:
+                raise RuntimeError(f"the windows worker exited with {worker.returncode} during the soak")
+            samples.append((applied / total, _rss_mb(worker.pid)))
+            time.sleep(1.0)
+    finally:
+        worker.terminate()
+        worker.wait(60)
+    elapsed = time.monotonic() - started
+
+    def at(share: float) -> float:
+        return next((rss for done, rss in samples if done >= share), samples[-1][1])
+
+    early, late = at(0.1), max(rss for done, rss in samples if done >= 0.1)
+    _log(f"soak: RSS {early:.0f} MiB at 10%, at most {late:.0f} MiB after")
+    return (
+        f"Memory over {total:,} events ({elapsed:.0f} s, {total / elapsed:,.0f} events/s): RSS {early:.0f} MiB "
+        f"at 10% of the stream, {at(0.5):.0f} MiB at 50%, at most {late:.0f} MiB from 10% to the end "
+        f"({(late - early) / early:+.0%})."
+    )
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -383,7 +488,8 @@ def run(
             )
         )
     if "docsync" not in skip:
-        _log("d. skillstats docsync: skipped (the docsync consumer has not landed yet)")
+        for label, url in databases.items():
+            results.append(_measure_docsync(f"d. skillstats docsync drain ({label})", bench, url, group(), events))
     if "naive" not in skip:
         # At a few thousand events/s the textbook agent would take many minutes over the
         # whole topic; its steady rate is the same over a prefix, so it reads one.
@@ -468,6 +574,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--latency-rate", type=int, default=5000, help="offered events/s for the latency part")
     parser.add_argument("--latency-seconds", type=int, default=60, help="length of the latency part (0: skip)")
+    parser.add_argument(
+        "--soak-events",
+        type=int,
+        default=0,
+        help="also run the windows worker over this many events and report its memory (e.g. 10000000)",
+    )
     parser.add_argument("--output", type=Path, help="also write the markdown table to this file")
 
 
@@ -489,6 +601,10 @@ def main_from_cli(args: argparse.Namespace, settings: Settings) -> int:
         latency_seconds=args.latency_seconds,
         naive_events=args.naive_events,
     )
+    if args.soak_events:
+        table += "\n\n" + soak(
+            settings, databases.get("PostgreSQL", databases["SQLite"]), args.soak_events, args.skills
+        )
     print(table)
     if args.output:
         args.output.write_text(table + "\n")

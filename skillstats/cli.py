@@ -44,6 +44,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         topic=args.topic,
         dlq_topic=args.dlq_topic,
         windows_group=getattr(args, "group", None) if args.command == "windows" else None,
+        docsync_group=getattr(args, "group", None) if args.command == "docsync" else None,
     )
 
 
@@ -139,6 +140,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--fetch-size", type=_positive, default=10_000, help="most records per fetch from Kafka (default 10000)"
     )
     windows.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    docsync = commands.add_parser(
+        "docsync",
+        parents=[common],
+        help="apply skill and owner stat deltas (one bounded drain, or --every)",
+        description="Run the consumer group that keeps the skills stat columns and user_skill_stats exact. "
+        "By default one bounded drain, then exit (fit for a Kubernetes CronJob): snapshot the end offsets, read "
+        "up to them (or to --max-events / --max-seconds), apply each skill's deltas once, print a summary. Exit "
+        "status 0 unless the drain failed. With --every, drain on that cadence until SIGTERM.",
+    )
+    docsync.add_argument("--group", help="consumer group id [SKILLSTATS_DOCSYNC_GROUP] (default skillstats-docsync)")
+    docsync.add_argument("--every", metavar="INTERVAL", help="drain repeatedly, e.g. 6h, 30m (default: once)")
+    docsync.add_argument("--max-events", type=_positive, help="stop reading after this many records")
+    docsync.add_argument("--max-seconds", type=float, help="stop reading after this many seconds")
+    docsync.add_argument(
+        "--chunk-partitions",
+        type=_positive,
+        default=4,
+        help="partitions per SQL transaction (default 4; halved on database errors)",
+    )
+    docsync.add_argument("--json", action="store_true", help="print the summary as one JSON object per drain")
+
     bench = commands.add_parser(
         "bench",
         parents=[common],
@@ -281,13 +303,36 @@ def cmd_windows(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def cmd_docsync(args: argparse.Namespace, settings: Settings) -> int:
+    from skillstats.streams.docsync import DrainBudget, DrainSummary, parse_interval, run
+
+    try:
+        every = parse_interval(args.every) if args.every else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+    def emit(summary: DrainSummary) -> None:
+        print(summary.to_json() if args.json else summary.describe(), flush=True)
+
+    budget = DrainBudget(
+        max_events=args.max_events, max_seconds=args.max_seconds, chunk_partitions=args.chunk_partitions
+    )
+    return run(settings, budget, every=every, emit=emit)
+
+
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     from skillstats.bench import main_from_cli
 
     return main_from_cli(args, settings)
 
 
-COMMANDS = {"init": cmd_init, "publish": cmd_publish, "windows": cmd_windows, "bench": cmd_bench}
+COMMANDS = {
+    "init": cmd_init,
+    "publish": cmd_publish,
+    "windows": cmd_windows,
+    "docsync": cmd_docsync,
+    "bench": cmd_bench,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

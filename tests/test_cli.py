@@ -26,7 +26,7 @@ def test_init_creates_topics_and_schema_once(kafka_bootstrap: str, database_url:
     first = cli(settings, "init", "--partitions", "6")
     assert first.returncode == 0, first.stderr
     assert f"topic init-{run}: created, 6 partitions" in first.stdout
-    assert "migrated empty -> 0001" in first.stdout
+    assert "migrated empty -> 0002" in first.stdout
     second = cli(settings, "init", "--partitions", "6")
     assert second.returncode == 0, second.stderr
     assert f"topic init-{run}: exists, 6 partitions" in second.stdout and "up to date" in second.stdout

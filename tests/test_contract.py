@@ -174,8 +174,10 @@ def test_fast_and_slow_decoders_agree_on_every_record() -> None:
     now = int(time.time() * 1000)
     samples = [(key, value) for _, key, value, _ in INVALID_CASES]
     samples += [(r.key, r.value) for r in generate(20_000, now_ms=now, invalid_ratio=0.3, seed=3) if r.value]
-    samples += [(b"sk_1", body(kind="install_clear", delta={"all_time": 1, "current": 2}, extra=[1])),
-                (b"sk_1", body(kind="download", delta={"all_time": "x"})),
-                (b"sk_1", body(v=1, skill_id="sk_1", event_id="e" * 128))]
+    samples += [
+        (b"sk_1", body(kind="install_clear", delta={"all_time": 1, "current": 2}, extra=[1])),
+        (b"sk_1", body(kind="download", delta={"all_time": "x"})),
+        (b"sk_1", body(v=1, skill_id="sk_1", event_id="e" * 128)),
+    ]
     for key, value in samples:
-        assert decode(key, value, now) == decode_reference(key, value, now), (value or b'')[:200]
+        assert decode(key, value, now) == decode_reference(key, value, now), (value or b"")[:200]

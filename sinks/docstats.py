@@ -1,0 +1,156 @@
+"""The doc-stats sink: per-skill stat columns and per-owner totals, once per drain (SPEC §3-5).
+
+Those rows are read by every page of the registry, so each is patched at most
+once per drain rather than once per batch. Because the events topic is keyed by
+skill, every skill lives in exactly one partition: a partition's deltas for the
+whole drain can be applied in one transaction together with that partition's
+fence, and the fence still says exactly what is in SQL.
+
+The fence is also the lock between drains: a drain remembers the fence it
+started reading a partition from and applies only if the fence is still there
+(compare-and-set under the row lock), so two drains that both read a partition
+(a rebalance between two processes) cannot both apply it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import bindparam, func, select, update
+
+from skillstats.contract import StatEvent
+from skillstats.sinks.apply import PartitionFences, now_utc_naive, upsert_adding
+from skillstats.sinks.schema import partition_fences, skills, user_skill_stats
+
+log = logging.getLogger(__name__)
+_IN_CHUNK = 1000
+
+
+@dataclass
+class PartitionDeltas:
+    """What one drain read from one partition: from fence `start` up to `next_offset`."""
+
+    partition: int
+    start: int
+    next_offset: int
+    # skill id -> [downloads, installs_all_time, installs_current, events]
+    deltas: dict[str, list[int]] = field(default_factory=dict)
+    events: int = 0
+    invalid: int = 0
+
+    def add(self, event: StatEvent) -> None:
+        downloads, all_time, current = event.skill_deltas()
+        row = self.deltas.get(event.skill_id)
+        if row is None:
+            self.deltas[event.skill_id] = [downloads, all_time, current, 1]
+        else:
+            row[0] += downloads
+            row[1] += all_time
+            row[2] += current
+            row[3] += 1
+
+
+@dataclass
+class DocApplyOutcome:
+    partitions: int = 0
+    skills_updated: int = 0
+    unknown_skill_events: int = 0
+    lost_to_another_writer: list[int] = field(default_factory=list)
+
+
+class DocStatsSink(PartitionFences):
+    """Applies whole-partition deltas to `skills` and `user_skill_stats` behind the fences."""
+
+    def apply_partitions(self, drained: Sequence[PartitionDeltas]) -> DocApplyOutcome:
+        """One transaction: the partitions' deltas and their fences, each only if its fence is unmoved."""
+        outcome = DocApplyOutcome()
+        if not drained:
+            return outcome
+        now = now_utc_naive()
+        with self.engine.begin() as connection:
+            fences = self._lock_fences(connection, [d.partition for d in drained], now)
+            mine = []
+            for part in drained:
+                if fences[part.partition] != part.start:
+                    log.warning(
+                        "partition %d: fence moved from %d to %d while this drain read it; another drain "
+                        "applied it, so this one does not",
+                        part.partition,
+                        part.start,
+                        fences[part.partition],
+                    )
+                    outcome.lost_to_another_writer.append(part.partition)
+                else:
+                    mine.append(part)
+            totals: dict[str, list[int]] = {}
+            for part in mine:
+                totals.update(part.deltas)  # skills are disjoint between partitions
+            owners = self._owners(connection, sorted(totals))
+            changed = []
+            for skill_id in sorted(totals):
+                downloads, all_time, current, events = totals[skill_id]
+                if skill_id not in owners:
+                    outcome.unknown_skill_events += events
+                elif downloads or all_time or current:
+                    changed.append((skill_id, downloads, all_time, current))
+            self._add_to_skills(connection, changed, now)
+            per_owner: dict[str, list[int]] = {}
+            for skill_id, downloads, all_time, current in changed:
+                owner = owners[skill_id]
+                if owner is None:
+                    continue
+                sums = per_owner.setdefault(owner, [0, 0, 0])
+                sums[0] += downloads
+                sums[1] += all_time
+                sums[2] += current
+            upsert_adding(
+                connection,
+                user_skill_stats,
+                ("owner_id",),
+                ("downloads", "installs_all_time", "installs_current"),
+                [(owner, *sums) for owner, sums in per_owner.items()],
+                "updated_at",
+                now,
+            )
+            if mine:
+                connection.execute(
+                    update(partition_fences)
+                    .where(self._mine(), partition_fences.c.partition == bindparam("p"))
+                    .values(next_offset=bindparam("n"), updated_at=now),
+                    [{"p": part.partition, "n": part.next_offset} for part in sorted(mine, key=lambda d: d.partition)],
+                )
+        outcome.partitions = len(mine)
+        outcome.skills_updated = len(changed)
+        return outcome
+
+    def _owners(self, connection: Any, skill_ids: list[str]) -> dict[str, str | None]:
+        owners: dict[str, str | None] = {}
+        for start in range(0, len(skill_ids), _IN_CHUNK):
+            chunk = skill_ids[start : start + _IN_CHUNK]
+            rows = connection.execute(select(skills.c.id, skills.c.owner_id).where(skills.c.id.in_(chunk)))
+            owners.update({skill_id: owner for skill_id, owner in rows})
+        return owners
+
+    def _add_to_skills(self, connection: Any, changed: list[tuple[str, int, int, int]], now: Any) -> None:
+        if not changed:
+            return
+        # COALESCE: a registry that created `skills` itself may have left a stat column
+        # without a default, and NULL + 1 would lose the count.
+        statement = (
+            update(skills)
+            .where(skills.c.id == bindparam("skill"))
+            .values(
+                downloads=_coalesce(skills.c.downloads) + bindparam("d"),
+                installs_all_time=_coalesce(skills.c.installs_all_time) + bindparam("a"),
+                installs_current=_coalesce(skills.c.installs_current) + bindparam("c"),
+                stats_updated_at=now,
+            )
+        )
+        connection.execute(statement, [{"skill": s, "d": d, "a": a, "c": c} for s, d, a, c in changed])
+
+
+def _coalesce(column: Any) -> Any:
+    return func.coalesce(column, 0)

@@ -1,0 +1,310 @@
+"""Consumer group `skillstats-docsync`: the slow, bounded drain into `skills` and `user_skill_stats`.
+
+A plain confluent-kafka consumer, run as a Kubernetes CronJob (one drain, then
+exit) or with `--every` as a long-running loop. One drain: snapshot the end
+offsets, read every assigned partition from its SQL fence up to that snapshot
+(or until a budget runs out), fold per skill, then apply each partition's
+deltas once, in chunked transactions that also move the fences, and commit the
+same offsets to Kafka after each SQL commit. Nothing is written before the
+reading is done: a drain killed while reading leaves no trace but its run row.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from sqlalchemy import insert, update
+
+from skillstats.config import Settings
+from skillstats.contract import Invalid, decode
+from skillstats.kafka import end_offsets
+from skillstats.retry import Backoff
+from skillstats.sinks.apply import now_utc_naive
+from skillstats.sinks.db import is_transient, open_engine
+from skillstats.sinks.docstats import DocStatsSink, PartitionDeltas
+from skillstats.sinks.schema import docsync_runs
+
+log = logging.getLogger(__name__)
+
+CAUGHT_UP, BUDGET, ERROR = "caught_up", "budget", "error"
+
+
+@dataclass
+class DrainSummary:
+    run_id: int | None = None
+    events_read: int = 0
+    skills_updated: int = 0
+    unknown_skill_events: int = 0
+    invalid_skipped: int = 0
+    partitions_applied: int = 0
+    duration_seconds: float = 0.0
+    stopped_reason: str = CAUGHT_UP
+    error: str | None = None
+    lost_partitions: list[int] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.stopped_reason != ERROR
+
+    def describe(self) -> str:
+        lines = [
+            f"docsync run {self.run_id}: {self.stopped_reason} after {self.duration_seconds:.1f}s",
+            f"  events read           {self.events_read}",
+            f"  skills updated        {self.skills_updated}",
+            f"  events, unknown skill {self.unknown_skill_events}",
+            f"  invalid, skipped      {self.invalid_skipped}",
+            f"  partitions applied    {self.partitions_applied}",
+        ]
+        if self.lost_partitions:
+            lines.append(f"  left to another drain {sorted(self.lost_partitions)}")
+        if self.error:
+            lines.append(f"  error                 {self.error}")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+@dataclass
+class DrainBudget:
+    max_events: int | None = None
+    max_seconds: float | None = None
+    chunk_partitions: int = 4  # partitions per SQL transaction, halved on database errors
+    max_attempts: int = 6  # per chunk and run, before the run gives up with an error
+    backoff: Backoff = field(default_factory=Backoff)
+
+
+class DocSync:
+    """One consumer, one drain at a time; `stop` (SIGTERM) ends the reading early."""
+
+    def __init__(self, settings: Settings, budget: DrainBudget | None = None) -> None:
+        self.settings = settings
+        self.budget = budget or DrainBudget()
+        self.engine = open_engine(settings.database_url)
+        self.sink = DocStatsSink(self.engine, settings.docsync_group, settings.topic)
+        self.stop = threading.Event()
+
+    def drain(self) -> DrainSummary:
+        started = time.monotonic()
+        summary = DrainSummary()
+        summary.run_id = self._open_run()
+        try:
+            parts = self._read(summary, started)
+            self._apply(parts, summary)
+        except Exception as exc:
+            log.exception("docsync drain failed")
+            summary.stopped_reason = ERROR
+            summary.error = f"{type(exc).__name__}: {exc}"[:2000]
+        summary.duration_seconds = time.monotonic() - started
+        self._close_run(summary)
+        return summary
+
+    # ------------------------------------------------------------------ reading
+
+    def _read(self, summary: DrainSummary, started: float) -> dict[int, PartitionDeltas]:
+        topic = self.settings.topic
+        ends = end_offsets(self.settings, topic)
+        parts: dict[int, PartitionDeltas] = {}
+        assigned_once = threading.Event()
+        consumer = Consumer(
+            self.settings.kafka_config(
+                **{
+                    "group.id": self.settings.docsync_group,
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "earliest",
+                    "enable.partition.eof": False,
+                }
+            )
+        )
+
+        def on_assign(c: Consumer, assigned: list[TopicPartition]) -> None:
+            # The SQL fence, not Kafka's committed offset, says where to read from.
+            fences = self.sink.fences()
+            positioned = []
+            for tp in assigned:
+                start = fences.get(tp.partition)
+                parts[tp.partition] = PartitionDeltas(tp.partition, start or 0, start or 0)
+                positioned.append(TopicPartition(topic, tp.partition, start if start is not None else OFFSET_BEGINNING))
+            c.assign(positioned)
+            assigned_once.set()
+            log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
+
+        def on_revoke(c: Consumer, revoked: list[TopicPartition]) -> None:
+            # What was read from them is dropped: the next owner reads it again from
+            # the fence, which nothing has moved yet.
+            for tp in revoked:
+                parts.pop(tp.partition, None)
+            c.unassign()
+
+        consumer.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke)
+        reason = CAUGHT_UP
+        try:
+            deadline_assign = time.monotonic() + 60
+            while True:
+                if self.stop.is_set():
+                    reason = BUDGET
+                    break
+                budget = self.budget
+                if budget.max_seconds is not None and time.monotonic() - started >= budget.max_seconds:
+                    reason = BUDGET
+                    break
+                want = 5000
+                if budget.max_events is not None:
+                    want = min(want, budget.max_events - summary.events_read)
+                    if want <= 0:
+                        reason = BUDGET
+                        break
+                if assigned_once.is_set() and all(p.next_offset >= ends.get(p.partition, 0) for p in parts.values()):
+                    break
+                if not assigned_once.is_set() and time.monotonic() > deadline_assign:
+                    raise RuntimeError("no partitions were assigned within 60 s; is the group stuck rebalancing?")
+                for message in consumer.consume(want, timeout=0.5):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() != KafkaError._PARTITION_EOF:
+                            raise RuntimeError(f"Kafka: {error}")
+                        continue
+                    part = parts.get(message.partition())
+                    offset = message.offset()
+                    if part is None or offset >= ends.get(message.partition(), 0) or offset < part.next_offset:
+                        continue  # revoked meanwhile, past the snapshot, or before the fence
+                    decoded = decode(message.key(), message.value(), int(time.time() * 1000))
+                    if isinstance(decoded, Invalid):
+                        part.invalid += 1
+                    else:
+                        part.add(decoded)
+                    part.events += 1
+                    part.next_offset = offset + 1
+                    summary.events_read += 1
+            summary.stopped_reason = reason
+            self._consumer = consumer
+            return parts
+        except Exception:
+            consumer.close()
+            raise
+
+    # ------------------------------------------------------------------ applying
+
+    def _apply(self, parts: dict[int, PartitionDeltas], summary: DrainSummary) -> None:
+        consumer: Consumer = self._consumer
+        try:
+            todo = sorted((p for p in parts.values() if p.next_offset > p.start), key=lambda p: p.partition)
+            summary.invalid_skipped = sum(p.invalid for p in parts.values())
+            chunk = max(1, self.budget.chunk_partitions)
+            attempt = 0
+            while todo:
+                batch = todo[:chunk]
+                try:
+                    outcome = self.sink.apply_partitions(batch)
+                except Exception as exc:
+                    attempt += 1
+                    if attempt >= self.budget.max_attempts:
+                        raise
+                    # As the seed did: wait, and try a smaller transaction next time.
+                    chunk = max(1, chunk // 2)
+                    log.warning(
+                        "database error applying partitions %s (attempt %d, next chunk %d): %s",
+                        [p.partition for p in batch],
+                        attempt,
+                        chunk,
+                        exc,
+                    )
+                    if not is_transient(exc):
+                        log.warning("the error does not look transient; retrying anyway, bounded")
+                    if self.budget.backoff.sleep(attempt - 1, None):
+                        raise
+                    continue
+                todo = todo[len(batch) :]
+                summary.skills_updated += outcome.skills_updated
+                summary.unknown_skill_events += outcome.unknown_skill_events
+                summary.partitions_applied += outcome.partitions
+                summary.lost_partitions += outcome.lost_to_another_writer
+                applied = [p for p in batch if p.partition not in outcome.lost_to_another_writer]
+                self._commit(consumer, applied)
+        finally:
+            consumer.close()
+
+    def _commit(self, consumer: Consumer, applied: list[PartitionDeltas]) -> None:
+        """Kafka's committed offsets follow the fences (for lag and pruning); SQL stays the truth."""
+        if not applied:
+            return
+        offsets = [TopicPartition(self.settings.topic, p.partition, p.next_offset) for p in applied]
+        try:
+            consumer.commit(offsets=offsets, asynchronous=False)
+        except Exception as exc:
+            log.warning("Kafka commit after the SQL commit failed (the fence holds the truth): %s", exc)
+
+    # ------------------------------------------------------------------ run records
+
+    def _open_run(self) -> int:
+        with self.engine.begin() as connection:
+            result = connection.execute(
+                insert(docsync_runs).values(
+                    group_id=self.settings.docsync_group,
+                    started_at=now_utc_naive(),
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                )
+            )
+            return int(result.inserted_primary_key[0])
+
+    def _close_run(self, summary: DrainSummary) -> None:
+        try:
+            with self.engine.begin() as connection:
+                connection.execute(
+                    update(docsync_runs)
+                    .where(docsync_runs.c.id == summary.run_id)
+                    .values(
+                        finished_at=now_utc_naive(),
+                        events_read=summary.events_read,
+                        skills_updated=summary.skills_updated,
+                        unknown_skill_events=summary.unknown_skill_events,
+                        invalid_skipped=summary.invalid_skipped,
+                        stopped_reason=summary.stopped_reason,
+                        last_error=summary.error,
+                    )
+                )
+        except Exception as exc:
+            log.error("could not record the end of docsync run %s: %s", summary.run_id, exc)
+
+
+def parse_interval(text: str) -> float:
+    """'6h', '30m', '45s', '1d' or plain seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    try:
+        value = float(text[:-1]) * units[text[-1]] if text[-1:] in units else float(text)
+    except ValueError as exc:
+        raise ValueError(f"not an interval: {text!r} (e.g. 6h, 30m, 90s)") from exc
+    if value <= 0:
+        raise ValueError("the interval must be positive")
+    return value
+
+
+def run(settings: Settings, budget: DrainBudget, *, every: float | None, emit: Callable[[DrainSummary], Any]) -> int:
+    """One drain (exit status 0 unless it failed), or one per `every` seconds until SIGTERM."""
+    sync = DocSync(settings, budget)
+
+    def on_signal(_signum: int, _frame: Any) -> None:
+        sync.stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while True:
+        began = time.monotonic()
+        summary = sync.drain()
+        emit(summary)
+        if every is None or sync.stop.is_set():
+            return 0 if summary.ok else 1
+        if sync.stop.wait(max(0.0, every - (time.monotonic() - began))):
+            return 0

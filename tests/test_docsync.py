@@ -1,0 +1,254 @@
+"""The doc-stats drain on real Kafka, SQLite and PostgreSQL, against an independent expectation."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlalchemy import insert, select
+from sqlalchemy.exc import OperationalError
+
+from skillstats.config import Settings
+from skillstats.sinks.db import open_engine
+from skillstats.sinks.schema import docsync_runs, skills, user_skill_stats
+from skillstats.streams.docsync import DocSync, DrainBudget
+from skillstats.workload import Record, generate, skill_ids
+from tests.conftest import record_metric, settings_env
+from tests.helpers import publish, wait_until
+
+EVENTS = 60_000
+SKILLS = 2000
+
+# SPEC §3 restated: (downloads, installs_all_time, installs_current) per kind.
+SKILL_DELTAS = {
+    "download": (1, 0, 0),
+    "install_new": (0, 1, 1),
+    "install_reactivate": (0, 0, 1),
+    "install_deactivate": (0, 0, -1),
+}
+
+Stats = dict[str, tuple[int, int, int]]
+
+
+def registry(seed: int) -> dict[str, str | None]:
+    """Rows the registry has: two skills in three, owned by 300 owners (some skills by nobody)."""
+    rng = random.Random(seed)
+    return {
+        skill: (None if rng.random() < 0.05 else f"user_{rng.randrange(300):03d}")
+        for index, skill in enumerate(skill_ids(SKILLS))
+        if index % 3 != 2
+    }
+
+
+def expected(records: list[Record], rows: dict[str, str | None]) -> tuple[Stats, Stats, int]:
+    per_skill: Counter[tuple[str, int]] = Counter()
+    unknown = 0
+    for record in records:
+        if not record.valid:
+            continue
+        body = json.loads(record.value or b"")
+        skill = body["skill_id"]
+        if skill not in rows:
+            unknown += 1
+            continue
+        deltas = SKILL_DELTAS.get(body["kind"], (0, 0, 0))
+        if body["kind"] == "install_clear":
+            deltas = (0, body["delta"]["all_time"], body["delta"]["current"])
+        for column, amount in enumerate(deltas):
+            per_skill[(skill, column)] += amount
+    skill_stats = {s: tuple(per_skill[(s, c)] for c in range(3)) for s in rows}
+    owners: Counter[tuple[str, int]] = Counter()
+    for skill, owner in rows.items():
+        if owner is not None:
+            for column in range(3):
+                owners[(owner, column)] += per_skill[(skill, column)]
+    owner_stats = {o: tuple(owners[(o, c)] for c in range(3)) for o in {o for o in rows.values() if o is not None}}
+    return (
+        skill_stats,
+        {o: v for o, v in owner_stats.items() if v != (0, 0, 0) or o in _touched(rows, per_skill)},
+        unknown,
+    )
+
+
+def _touched(rows: dict[str, str | None], per_skill: Counter[tuple[str, int]]) -> set[str]:
+    return {o for s, o in rows.items() if o is not None and any(per_skill[(s, c)] for c in range(3))}
+
+
+def actual(settings: Settings) -> tuple[Stats, Stats]:
+    engine = open_engine(settings.database_url)
+    try:
+        with engine.connect() as connection:
+            skill_rows = {
+                row.id: (row.downloads, row.installs_all_time, row.installs_current)
+                for row in connection.execute(select(skills))
+            }
+            owner_rows = {
+                row.owner_id: (row.downloads, row.installs_all_time, row.installs_current)
+                for row in connection.execute(select(user_skill_stats))
+            }
+        return skill_rows, owner_rows
+    finally:
+        engine.dispose()
+
+
+def seed_registry(settings: Settings, rows: dict[str, str | None]) -> None:
+    engine = open_engine(settings.database_url)
+    with engine.begin() as connection:
+        connection.execute(insert(skills), [{"id": s, "owner_id": o} for s, o in rows.items()])
+    engine.dispose()
+
+
+def docsync(settings: Settings, *args: str) -> tuple[int, list[dict[str, object]]]:
+    result = subprocess.run(
+        [sys.executable, "-m", "skillstats.cli", "docsync", "--json", *args],
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert summaries or result.returncode != 0, result.stderr[-2000:]
+    return result.returncode, summaries
+
+
+@pytest.fixture
+def loaded(settings: Settings) -> tuple[Settings, list[Record], dict[str, str | None]]:
+    rows = registry(seed=5)
+    seed_registry(settings, rows)
+    records = list(generate(EVENTS, now_ms=int(time.time() * 1000), skills=SKILLS, seed=21, invalid_ratio=0.01))
+    assert sum(1 for r in records if r.valid and b"install_clear" in (r.value or b"")) > 100
+    assert publish(settings, records) == EVENTS
+    return settings, records, rows
+
+
+def assert_exact(settings: Settings, records: list[Record], rows: dict[str, str | None]) -> None:
+    want_skills, want_owners, _unknown = expected(records, rows)
+    got_skills, got_owners = actual(settings)
+    assert got_skills == want_skills
+    assert got_owners == want_owners
+
+
+def test_drain_is_exact_and_idempotent(loaded: tuple[Settings, list[Record], dict[str, str | None]]) -> None:
+    settings, records, rows = loaded
+    started = time.monotonic()
+    status, [summary] = docsync(settings)
+    elapsed = time.monotonic() - started
+    assert status == 0, summary
+    record_metric(
+        f"docsync {settings.database_url.split(':')[0]}: {EVENTS} events drained in {elapsed:.1f}s "
+        f"(process start to exit) = {EVENTS / elapsed:,.0f} events/s"
+    )
+    _skills, _owners, unknown = expected(records, rows)
+    assert summary["stopped_reason"] == "caught_up"
+    assert summary["events_read"] == EVENTS
+    assert summary["invalid_skipped"] == sum(1 for r in records if not r.valid)
+    assert summary["unknown_skill_events"] == unknown > 0
+    assert_exact(settings, records, rows)
+    # Negative deltas made it through (install_clear, install_deactivate), unclamped.
+    assert min(v[2] for v in actual(settings)[0].values()) < 0 or any(v[1] < 0 for v in actual(settings)[0].values())
+
+    status, [again] = docsync(settings)
+    assert status == 0 and again["events_read"] == 0 and again["stopped_reason"] == "caught_up"
+    assert_exact(settings, records, rows)
+    engine = open_engine(settings.database_url)
+    with engine.connect() as connection:
+        runs = connection.execute(select(docsync_runs).order_by(docsync_runs.c.id)).all()
+    engine.dispose()
+    assert [(r.stopped_reason, r.events_read) for r in runs] == [("caught_up", EVENTS), ("caught_up", 0)]
+    assert all(r.finished_at is not None and r.last_error is None for r in runs)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_budget_then_the_rest(loaded: tuple[Settings, list[Record], dict[str, str | None]]) -> None:
+    settings, records, rows = loaded
+    status, [first] = docsync(settings, "--max-events", "10000")
+    assert status == 0
+    assert (first["stopped_reason"], first["events_read"]) == ("budget", 10000)
+    status, [second] = docsync(settings)
+    assert status == 0
+    assert (second["stopped_reason"], second["events_read"]) == ("caught_up", EVENTS - 10000)
+    assert_exact(settings, records, rows)
+
+
+def test_two_drains_at_once_apply_everything_once(
+    loaded: tuple[Settings, list[Record], dict[str, str | None]], tmp_path: Path
+) -> None:
+    settings, records, rows = loaded
+    command = [sys.executable, "-m", "skillstats.cli", "docsync", "--json"]
+    first, second = (
+        subprocess.Popen(command, env=settings_env(settings), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    )
+    outputs = [p.communicate(timeout=300) for p in (first, second)]
+    assert first.returncode == 0 and second.returncode == 0, [o[1][-1500:] for o in outputs]
+    summaries = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert sum(s["events_read"] for s in summaries) >= EVENTS
+    assert_exact(settings, records, rows)
+
+
+def test_kill_9_mid_drain_then_a_second_run(
+    loaded: tuple[Settings, list[Record], dict[str, str | None]], tmp_path: Path
+) -> None:
+    settings, records, rows = loaded
+    rng = random.Random()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "skillstats.cli", "docsync", "--chunk-partitions", "1"],
+        env=settings_env(settings),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    engine = open_engine(settings.database_url)
+
+    def run_started() -> bool:
+        with engine.connect() as connection:
+            return connection.execute(select(docsync_runs.c.id)).first() is not None
+
+    wait_until(run_started, 60, "the drain to start")
+    time.sleep(rng.uniform(0.0, 1.5))  # a random point: reading, applying, or done
+    process.send_signal(signal.SIGKILL)
+    process.wait(30)
+    status, [summary] = docsync(settings)
+    assert status == 0 and summary["stopped_reason"] == "caught_up"
+    assert_exact(settings, records, rows)
+    engine.dispose()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_database_errors_are_retried_then_recorded(
+    loaded: tuple[Settings, list[Record], dict[str, str | None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from skillstats.retry import Backoff
+    from skillstats.sinks.docstats import DocStatsSink
+
+    settings, records, rows = loaded
+    real = DocStatsSink.apply_partitions
+    failures = {"left": 3, "sizes": []}
+
+    def flaky(self: DocStatsSink, drained: list) -> object:  # failure injection around the real sink
+        failures["sizes"].append(len(drained))
+        if failures["left"]:
+            failures["left"] -= 1
+            raise OperationalError("UPDATE skills", {}, Exception("connection reset"))
+        return real(self, drained)
+
+    monkeypatch.setattr(DocStatsSink, "apply_partitions", flaky)
+    summary = DocSync(settings, DrainBudget(chunk_partitions=8, backoff=Backoff(base=0.01))).drain()
+    assert summary.stopped_reason == "caught_up", summary.error
+    assert failures["sizes"][:4] == [8, 4, 2, 1]  # halved after each failure
+    assert_exact(settings, records, rows)
+
+    failures["left"] = 100
+    publish(settings, records[:1000])
+    broken = DocSync(settings, DrainBudget(max_attempts=3, backoff=Backoff(base=0.01))).drain()
+    assert broken.stopped_reason == "error" and "connection reset" in (broken.error or "")
+    monkeypatch.setattr(DocStatsSink, "apply_partitions", real)
+    resumed = DocSync(settings).drain()
+    assert resumed.stopped_reason == "caught_up" and resumed.events_read == 1000
+    assert_exact(settings, records + records[:1000], rows)
