@@ -40,3 +40,17 @@ def upgrade(engine: Engine) -> tuple[str | None, str]:
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
     return before, head_revision()
+
+
+class SchemaOutdated(RuntimeError):
+    """The database is not at the schema this version of skillstats writes."""
+
+
+def require_current(engine: Engine) -> None:
+    """Fail early, with the fix in the message, rather than on the first missing table."""
+    current, head = current_revision(engine), head_revision()
+    if current != head:
+        raise SchemaOutdated(
+            f"the database schema is at revision {current or 'none'}, this skillstats needs {head}: "
+            f"run 'skillstats init' (it migrates, keeping the data)"
+        )

@@ -161,6 +161,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     docsync.add_argument("--json", action="store_true", help="print the summary as one JSON object per drain")
 
+    status = commands.add_parser(
+        "status",
+        parents=[common],
+        help="how far each consumer group is; the last docsync runs",
+        description="For the windows and docsync groups: records in the topic, records applied to SQL (below "
+        "the fences), Kafka's committed offsets and the lag; then the most recent docsync runs.",
+    )
+    status.add_argument("--json", action="store_true", help="machine-readable output, per partition")
+
     bench = commands.add_parser(
         "bench",
         parents=[common],
@@ -320,6 +329,13 @@ def cmd_docsync(args: argparse.Namespace, settings: Settings) -> int:
     return run(settings, budget, every=every, emit=emit)
 
 
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    from skillstats.status import render, status
+
+    print(render(status(settings), args.json))
+    return EXIT_OK
+
+
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     from skillstats.bench import main_from_cli
 
@@ -331,6 +347,7 @@ COMMANDS = {
     "publish": cmd_publish,
     "windows": cmd_windows,
     "docsync": cmd_docsync,
+    "status": cmd_status,
     "bench": cmd_bench,
 }
 

@@ -32,6 +32,7 @@ from skillstats.retry import Backoff
 from skillstats.sinks.apply import now_utc_naive
 from skillstats.sinks.db import is_transient, open_engine
 from skillstats.sinks.docstats import DocStatsSink, PartitionDeltas
+from skillstats.sinks.migrate import require_current
 from skillstats.sinks.schema import docsync_runs
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ class DocSync:
         self.settings = settings
         self.budget = budget or DrainBudget()
         self.engine = open_engine(settings.database_url)
+        require_current(self.engine)
         self.sink = DocStatsSink(self.engine, settings.docsync_group, settings.topic)
         self.stop = threading.Event()
 

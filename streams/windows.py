@@ -41,6 +41,7 @@ from skillstats.dlq import REJECTED_BY_DATABASE, DeadLetters, Parcel
 from skillstats.kafka import RawRecord
 from skillstats.sinks.apply import ApplyOutcome, ConsumedRecord, WindowsSink, apply_with_recovery
 from skillstats.sinks.db import open_engine
+from skillstats.sinks.migrate import require_current
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +293,9 @@ def build_app(
     # Registered with faust's conductor so the consumer subscribes to it; no agent
     # iterates it, the batch drain above reads it.
     app.topics.add(app.topic(settings.topic, key_type=bytes, value_type=bytes))
-    sink = WindowsSink(open_engine(settings.database_url), settings.windows_group, settings.topic)
+    engine = open_engine(settings.database_url)
+    require_current(engine)
+    sink = WindowsSink(engine, settings.windows_group, settings.topic)
     pipeline = WindowsPipeline(sink, DeadLetters(settings, settings.windows_group))
     app.batch_sink = BatchSink(app, pipeline, settings.topic, max_pending=batch_size)
     return app

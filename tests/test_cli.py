@@ -11,7 +11,7 @@ from skillstats.kafka import partition_count
 from tests.test_publish import cli
 
 
-@pytest.mark.parametrize("command", ["init", "publish", "windows"])
+@pytest.mark.parametrize("command", ["init", "publish", "windows", "docsync", "status", "bench"])
 def test_every_command_has_help(command: str) -> None:
     result = cli(Settings(), command, "--help")
     assert result.returncode == 0

@@ -252,3 +252,24 @@ def test_database_errors_are_retried_then_recorded(
     resumed = DocSync(settings).drain()
     assert resumed.stopped_reason == "caught_up" and resumed.events_read == 1000
     assert_exact(settings, records + records[:1000], rows)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_status_shows_lag_and_runs(loaded: tuple[Settings, list[Record], dict[str, str | None]]) -> None:
+    settings, _records, _rows = loaded
+    status, _ = docsync(settings, "--max-events", "25000")
+    assert status == 0
+    result = subprocess.run(
+        [sys.executable, "-m", "skillstats.cli", "status", "--json"],
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    groups = {g["group"]: g for g in report["groups"]}
+    assert groups[settings.docsync_group]["applied"] == 25000
+    assert groups[settings.docsync_group]["lag"] == EVENTS - 25000
+    assert groups[settings.windows_group]["lag"] == EVENTS  # no windows worker ran
+    assert [r["stopped_reason"] for r in report["docsync_runs"]] == ["budget"]
