@@ -128,6 +128,10 @@ class DocStatsSink(PartitionFences):
 
     def _owners(self, connection: Any, skill_ids: list[str]) -> dict[str, str | None]:
         owners: dict[str, str | None] = {}
+        if connection.dialect.name == "postgresql":
+            # PostgreSQL text cannot hold NUL, so no such skill can have a row; asking
+            # would fail the whole transaction, and every retry of it, for ever.
+            skill_ids = [s for s in skill_ids if "\x00" not in s]
         for start in range(0, len(skill_ids), _IN_CHUNK):
             chunk = skill_ids[start : start + _IN_CHUNK]
             rows = connection.execute(select(skills.c.id, skills.c.owner_id).where(skills.c.id.in_(chunk)))

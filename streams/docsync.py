@@ -101,8 +101,8 @@ class DocSync:
         summary = DrainSummary()
         summary.run_id = self._open_run()
         try:
-            parts = self._read(summary, started)
-            self._apply(parts, summary)
+            consumer, parts = self._read(summary, started)
+            self._apply(consumer, parts, summary)
         except Exception as exc:
             log.exception("docsync drain failed")
             summary.stopped_reason = ERROR
@@ -113,7 +113,7 @@ class DocSync:
 
     # ------------------------------------------------------------------ reading
 
-    def _read(self, summary: DrainSummary, started: float) -> dict[int, PartitionDeltas]:
+    def _read(self, summary: DrainSummary, started: float) -> tuple[Consumer, dict[int, PartitionDeltas]]:
         topic = self.settings.topic
         ends = end_offsets(self.settings, topic)
         parts: dict[int, PartitionDeltas] = {}
@@ -189,16 +189,14 @@ class DocSync:
                     part.next_offset = offset + 1
                     summary.events_read += 1
             summary.stopped_reason = reason
-            self._consumer = consumer
-            return parts
+            return consumer, parts
         except Exception:
             consumer.close()
             raise
 
     # ------------------------------------------------------------------ applying
 
-    def _apply(self, parts: dict[int, PartitionDeltas], summary: DrainSummary) -> None:
-        consumer: Consumer = self._consumer
+    def _apply(self, consumer: Consumer, parts: dict[int, PartitionDeltas], summary: DrainSummary) -> None:
         try:
             todo = sorted((p for p in parts.values() if p.next_offset > p.start), key=lambda p: p.partition)
             summary.invalid_skipped = sum(p.invalid for p in parts.values())

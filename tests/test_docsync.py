@@ -273,3 +273,39 @@ def test_status_shows_lag_and_runs(loaded: tuple[Settings, list[Record], dict[st
     assert groups[settings.docsync_group]["lag"] == EVENTS - 25000
     assert groups[settings.windows_group]["lag"] == EVENTS  # no windows worker ran
     assert [r["stopped_reason"] for r in report["docsync_runs"]] == ["budget"]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_skill_id_postgres_cannot_store_is_an_unknown_skill(settings: Settings) -> None:
+    from skillstats.contract import make_event
+
+    seed_registry(settings, {"sk_ok": "u1"})
+    now = int(time.time() * 1000)
+    events = [make_event("sk_\x00nul", "download", now), make_event("sk_ok", "download", now)]
+    publish(settings, [Record(e.key, e.encode(), True) for e in events])
+    summary = DocSync(settings).drain()
+    assert summary.stopped_reason == "caught_up", summary.error
+    assert (summary.unknown_skill_events, summary.skills_updated) == (1, 1)
+    assert actual(settings) == ({"sk_ok": (1, 0, 0)}, {"u1": (1, 0, 0)})
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_every_repeats_drains_until_sigterm(settings: Settings) -> None:
+    from skillstats.contract import make_event
+
+    seed_registry(settings, {"sk_1": "u1"})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "skillstats.cli", "docsync", "--every", "0.5s", "--json"],
+        env=settings_env(settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert process.stdout is not None
+    first = json.loads(process.stdout.readline())
+    publish(settings, [Record(b"sk_1", make_event("sk_1", "download", int(time.time() * 1000)).encode(), True)])
+    later = [json.loads(process.stdout.readline()) for _ in range(3)]
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(60) == 0
+    assert first["events_read"] == 0 and sum(s["events_read"] for s in later) == 1
+    assert actual(settings)[0] == {"sk_1": (1, 0, 0)}
