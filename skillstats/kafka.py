@@ -24,7 +24,6 @@ class RawRecord:
     offset: int
     key: bytes | None
     value: bytes | None
-    timestamp_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,6 @@ def test_drain_is_exact_and_idempotent(loaded: tuple[Settings, list[Record], dic
     assert all(r.finished_at is not None and r.last_error is None for r in runs)
 
 
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_budget_then_the_rest(loaded: tuple[Settings, list[Record], dict[str, str | None]]) -> None:
     settings, records, rows = loaded
     status, [first] = docsync(settings, "--max-events", "10000")
@@ -220,7 +219,6 @@ def test_kill_9_mid_drain_then_a_second_run(
     engine.dispose()
 
 
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_database_errors_are_retried_then_recorded(
     loaded: tuple[Settings, list[Record], dict[str, str | None]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
