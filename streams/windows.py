@@ -23,6 +23,7 @@ Correctness rests on the SQL fence, not on faust's `exactly_once` (SPEC §5):
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import ssl
 import threading
@@ -304,5 +305,12 @@ def build_app(
 def run(settings: Settings, *, log_level: str = "warning", **options: Any) -> None:
     """Run the worker until SIGTERM/SIGINT (never returns; exits the process)."""
     app = build_app(settings, **options)
+    # aiokafka allocates a GC-tracked record object per message, so at the default
+    # threshold (700) the cyclic collector ran every few hundred records and cost
+    # ~15% of throughput (measured alternately: 112-128k vs 137-145k events/s).
+    # Almost nothing here forms cycles; refcounting frees it. freeze() keeps the
+    # import-time heap out of the full collections that still run.
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
     worker = faust.Worker(app, loglevel=log_level, quiet=True)
     worker.execute_from_commandline()
