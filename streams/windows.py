@@ -160,7 +160,12 @@ class BatchSink:
             self.totals.applied,
         )
         if offsets:
-            await self.app.consumer._commit(offsets)
+            # Bounded: a commit stuck on a coordinator that went away must not stop the
+            # drain; the fence holds the truth and the next batch commits again.
+            try:
+                await asyncio.wait_for(self.app.consumer._commit(offsets), 10.0)
+            except TimeoutError:
+                log.warning("Kafka commit of %d partition(s) timed out; continuing", len(offsets))
 
     async def drain_on_shutdown(self, budget: float) -> None:
         """Give the batch in the database a bounded time to commit; drop what is only pending.

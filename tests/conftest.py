@@ -33,6 +33,18 @@ def record_metric(line: str) -> None:
         handle.write(line.rstrip() + "\n")
 
 
+@pytest.fixture(autouse=True)
+def _no_worker_outlives_its_test() -> Iterator[None]:
+    from tests.helpers import WorkerProcess
+
+    yield
+    while WorkerProcess.started:
+        worker = WorkerProcess.started.pop()
+        if worker.process.poll() is None:
+            worker.process.kill()
+            worker.process.wait(30)
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> str:
     try:

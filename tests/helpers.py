@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import date, datetime, timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy import select
@@ -52,7 +52,12 @@ def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: 
 class WorkerProcess:
     """`skillstats windows` as a separate OS process, so it can be killed for real."""
 
+    # Every worker a test starts; conftest kills those still running when the test
+    # ends, so a failing test cannot leave a worker behind in a later test's way.
+    started: ClassVar[list[WorkerProcess]] = []
+
     def __init__(self, settings: Settings, log_path: Path, *extra: str) -> None:
+        WorkerProcess.started.append(self)
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.process = subprocess.Popen(
