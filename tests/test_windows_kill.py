@@ -32,7 +32,10 @@ def test_kill_9_mid_stream_then_restart(settings: Settings, tmp_path: Path) -> N
     rng = random.Random(seed)
     records = list(generate(EVENTS, now_ms=int(time.time() * 1000), skills=1500, seed=seed, invalid_ratio=0.005))
     # Kill points as shares of the stream applied so far, drawn anew each run.
-    kill_points = sorted(rng.uniform(0.1, 0.85) for _ in range(KILLS))
+    # The first kill comes while only the first half is published (so below 0.5);
+    # the rest of the stream arrives while the worker is being killed and restarted.
+    first = rng.uniform(0.1, 0.45)
+    kill_points = [first, *sorted(rng.uniform(first, 0.85) for _ in range(KILLS - 1))]
     log = tmp_path / "worker.log"
 
     half = len(records) // 2
