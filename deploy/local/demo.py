@@ -124,7 +124,7 @@ def check(engine: object, records: list, parked: int) -> int:
     ok = downloads == hourly == kinds["download"] and installs == kinds["install_new"] and parked == invalid
     print(
         f"\ncheck: {kinds['download']} download and {kinds['install_new']} install_new events published; "
-        f"SQL counts {downloads} downloads and {installs} installs by day, {hourly} downloads by hour "
+        f"SQL counts {downloads} downloads and {installs} installs by day, {hourly} downloads by hour"
         f"; {invalid} invalid records published, {parked} parked in the DLQ -> {'exact' if ok else 'MISMATCH'}"
     )
     return 0 if ok else 1
