@@ -6,7 +6,10 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+CONNECT_TIMEOUT_S = 10
+STATEMENT_TIMEOUT_S = 120
+LOCK_TIMEOUT_S = 60
 
 
 def open_engine(url: str, **kwargs: Any) -> Engine:
@@ -18,11 +21,18 @@ def open_engine(url: str, **kwargs: Any) -> Engine:
         return _sqlite_engine(parsed, **kwargs)
     if parsed.get_backend_name() != "postgresql":
         raise ValueError(f"unsupported database {parsed.get_backend_name()!r}: use postgresql:// or sqlite:///")
-    return create_engine(parsed, pool_pre_ping=True, **kwargs)
+    # Bounded waits, so a hung database becomes an error the retry loop sees (and the
+    # worker reports degraded) instead of a thread stuck for ever: connecting, any
+    # one statement, and waiting for a row lock another worker holds.
+    connect_args = {
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        "options": f"-c statement_timeout={STATEMENT_TIMEOUT_S * 1000} -c lock_timeout={LOCK_TIMEOUT_S * 1000}",
+    }
+    return create_engine(parsed, pool_pre_ping=True, connect_args=connect_args, **kwargs)
 
 
 def _sqlite_engine(url: Any, **kwargs: Any) -> Engine:
-    engine = create_engine(url, connect_args={"timeout": 30}, **kwargs)
+    engine = create_engine(url, connect_args={"timeout": LOCK_TIMEOUT_S}, **kwargs)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -38,19 +48,11 @@ def _sqlite_engine(url: Any, **kwargs: Any) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
-        # IMMEDIATE takes the write lock before the fence is read, so two writers can
-        # never both read the same fence and both apply the records above it.
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # DEFERRED, so readers (`status`, the DLQ marks, tests) never queue behind a
+        # worker's write lock. Writers stay serialized: every writing transaction
+        # starts with a write (the fence rows' INSERT ... ON CONFLICT DO NOTHING, in
+        # PartitionFences.lock), which takes SQLite's write lock before any fence is
+        # read, so two writers can never both read one fence and both apply past it.
+        connection.exec_driver_sql("BEGIN")
 
     return engine
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Worth retrying as is: connection loss, lock timeouts, serialization failures.
-
-    Everything else the database raises (constraint, data, syntax errors) is a
-    rejection of the batch's content, which a retry cannot fix.
-    """
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return True
-    return isinstance(exc, OperationalError | InterfaceError)

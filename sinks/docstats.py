@@ -1,10 +1,17 @@
 """The doc-stats sink: per-skill stat columns and per-owner totals, once per drain (SPEC §3-5).
 
 Those rows are read by every page of the registry, so each is patched at most
-once per drain rather than once per batch. Because the events topic is keyed by
-skill, every skill lives in exactly one partition: a partition's deltas for the
-whole drain can be applied in one transaction together with that partition's
-fence, and the fence still says exactly what is in SQL.
+once per drain rather than once per batch: a partition's deltas for the whole
+drain are applied in one transaction together with that partition's fence, so
+the fence says exactly what is in SQL.
+
+Correctness does not depend on a skill living in one partition. The publishers
+are meant to key by skill with murmur2 (SPEC §2), but one that uses another
+partitioner (kcat, librdkafka's default consistent_random) or a topic whose
+partition count was raised spreads one skill over several partitions. Deltas
+for one skill from the partitions of a transaction are therefore summed, never
+one partition's replacing another's: each partition's fence moves past exactly
+the records whose deltas went in, whichever partitions a skill's events took.
 
 The fence is also the lock between drains: a drain remembers the fence it
 started reading a partition from and applies only if the fence is still there
@@ -22,8 +29,9 @@ from typing import Any
 from sqlalchemy import bindparam, func, select, update
 
 from skillstats.contract import StatEvent
-from skillstats.sinks.apply import PartitionFences, now_utc_naive, upsert_adding
-from skillstats.sinks.schema import partition_fences, skills, user_skill_stats
+from skillstats.sinks.fences import PartitionFences
+from skillstats.sinks.schema import skills, user_skill_stats
+from skillstats.sinks.upserts import now_utc_naive, upsert_adding
 
 log = logging.getLogger(__name__)
 _IN_CHUNK = 1000
@@ -71,7 +79,8 @@ class DocStatsSink(PartitionFences):
             return outcome
         now = now_utc_naive()
         with self.engine.begin() as connection:
-            fences = self._lock_fences(connection, [d.partition for d in drained], now)
+            locked = self.lock(connection, [d.partition for d in drained], now)
+            fences = {p: row.next_offset for p, row in locked.items()}
             mine = []
             for part in drained:
                 if fences[part.partition] != part.start:
@@ -87,7 +96,14 @@ class DocStatsSink(PartitionFences):
                     mine.append(part)
             totals: dict[str, list[int]] = {}
             for part in mine:
-                totals.update(part.deltas)  # skills are disjoint between partitions
+                # Summed: a skill's events may have come through several of these partitions.
+                for skill_id, row in part.deltas.items():
+                    total = totals.get(skill_id)
+                    if total is None:
+                        totals[skill_id] = list(row)
+                    else:
+                        for column, amount in enumerate(row):
+                            total[column] += amount
             owners = self._owners(connection, sorted(totals))
             changed = []
             for skill_id in sorted(totals):
@@ -115,13 +131,7 @@ class DocStatsSink(PartitionFences):
                 "updated_at",
                 now,
             )
-            if mine:
-                connection.execute(
-                    update(partition_fences)
-                    .where(self._mine(), partition_fences.c.partition == bindparam("p"))
-                    .values(next_offset=bindparam("n"), updated_at=now),
-                    [{"p": part.partition, "n": part.next_offset} for part in sorted(mine, key=lambda d: d.partition)],
-                )
+            self.advance(connection, locked, {part.partition: part.next_offset for part in mine}, now)
         outcome.partitions = len(mine)
         outcome.skills_updated = len(changed)
         return outcome

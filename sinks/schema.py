@@ -66,6 +66,9 @@ partition_fences = Table(
     Column("partition", Integer, primary_key=True),
     Column("next_offset", BigInteger, nullable=False),
     Column("updated_at", DateTime, nullable=False),
+    # The windows group's DLQ mark (see sinks/fences.py); NULL until it first parks.
+    Column("dlq_partition", Integer, nullable=True),
+    Column("dlq_next_offset", BigInteger, nullable=True),
 )
 
 # One row per `skillstats docsync` run: the seed's lease row made visible. A run

@@ -32,9 +32,9 @@ from skillstats.config import Settings
 from skillstats.contract import make_event
 from skillstats.kafka import committed_offsets, end_offsets, ensure_topics
 from skillstats.publisher import Publisher
-from skillstats.sinks.apply import WindowsSink
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.migrate import upgrade
+from skillstats.sinks.windows import WindowsSink
 from skillstats.workload import generate
 
 PARTITIONS = 12

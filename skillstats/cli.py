@@ -179,6 +179,24 @@ def build_parser() -> argparse.ArgumentParser:
         "and PostgreSQL; (e) a naive faust agent updating a windowed Table per event; (f) Kafka's own "
         "kafka-consumer-perf-test. Then publish-to-SQL latency at a steady offered load. See docs/performance.md.",
     )
+    fences = commands.add_parser(
+        "fences",
+        parents=[common],
+        help="show or reset a group's SQL fences (the way out of a fence ahead of the log)",
+        description="Each consumer group's SQL fence per partition is the next offset it has not applied; "
+        "its counts in SQL are exactly the records below. A fence past its partition's log end means the topic "
+        "was recreated or truncated, or the database restored from elsewhere, and the consumers refuse to run. "
+        "`reset` sets the group's fences (and its Kafka committed offsets) for the chosen partitions: "
+        "--to start counts again everything the topic holds now (right after a topic was recreated and its "
+        "records were never counted), --to end counts only what arrives from now on. Without --confirm it "
+        "only prints what it would do. Stop the group's consumers first.",
+    )
+    fences.add_argument("action", choices=["show", "reset"])
+    fences.add_argument("--group", help="consumer group (default: both groups for show; required for reset)")
+    fences.add_argument("--to", choices=["start", "end"], help="reset target: the log start or the log end")
+    fences.add_argument("--partition", type=int, action="append", help="only this partition (repeatable)")
+    fences.add_argument("--confirm", metavar="TOKEN", help="RESET_FENCES, to really reset")
+
     from skillstats.bench import add_arguments
 
     add_arguments(bench)
@@ -272,11 +290,13 @@ def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
     if not args.skip_topics:
+        from skillstats.dlq import DLQ_TOPIC_CONFIG
         from skillstats.kafka import ensure_topics
 
         reports = ensure_topics(
             settings,
             {settings.topic: args.partitions, settings.dlq_topic: args.dlq_partitions},
+            configs={settings.dlq_topic: DLQ_TOPIC_CONFIG},
             replication_factor=args.replication_factor,
             timeout=args.timeout,
         )
@@ -336,6 +356,49 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def cmd_fences(args: argparse.Namespace, settings: Settings) -> int:
+    from skillstats.kafka import commit_offsets, watermarks
+    from skillstats.sinks.db import open_engine
+    from skillstats.sinks.fences import RESET_TOKEN, PartitionFences
+    from skillstats.sinks.migrate import require_current
+    from skillstats.sinks.upserts import now_utc_naive
+
+    if args.action == "reset" and (not args.group or not args.to):
+        raise UsageError("reset needs --group and --to start|end")
+    engine = open_engine(settings.database_url)
+    require_current(engine)
+    marks = watermarks(settings, settings.topic)
+    groups = [args.group] if args.group else [settings.windows_group, settings.docsync_group]
+    for group in groups:
+        current = PartitionFences(engine, group, settings.topic).fences()
+        print(f"group {group}, topic {settings.topic}")
+        for partition, (low, high) in sorted(marks.items()):
+            if args.partition and partition not in args.partition:
+                continue
+            fence = current.get(partition)
+            state = "AHEAD OF LOG" if fence is not None and fence > high else ""
+            line = f"  partition {partition:>3}  fence {fence if fence is not None else '-':>12}  log {low}..{high}"
+            if args.action == "reset":
+                line += f"  -> {low if args.to == 'start' else high}"
+            print(f"{line}  {state}".rstrip())
+    if args.action == "show":
+        return EXIT_OK
+    targets = {
+        p: (low if args.to == "start" else high)
+        for p, (low, high) in marks.items()
+        if not args.partition or p in args.partition
+    }
+    if args.confirm != RESET_TOKEN:
+        if args.confirm is not None:
+            raise UsageError(f"the confirmation token is {RESET_TOKEN}")
+        print(f"dry run: nothing changed; add --confirm {RESET_TOKEN} to reset")
+        return EXIT_OK
+    commit_offsets(settings, args.group, settings.topic, targets)
+    PartitionFences(engine, args.group, settings.topic).reset(targets, now_utc_naive())
+    print(f"reset {len(targets)} fence(s) of group {args.group} and its committed offsets")
+    return EXIT_OK
+
+
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     from skillstats.bench import main_from_cli
 
@@ -349,6 +412,7 @@ COMMANDS = {
     "docsync": cmd_docsync,
     "status": cmd_status,
     "bench": cmd_bench,
+    "fences": cmd_fences,
 }
 
 

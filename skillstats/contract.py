@@ -3,6 +3,24 @@
 Everything that reads or writes a stat event goes through this module: the
 publisher validates with the same function the consumers decode with, so a
 record that leaves a Python publisher can never be parked by a Python consumer.
+
+Validity is a function of the record alone (key, value bytes, Kafka timestamp),
+never of when or by whom it is read. That is why the future bound on
+`occurred_at` is measured from the record's own Kafka timestamp and not from the
+consumer's wall clock: the windows group reading a record seconds after it was
+written and the docsync group reading it six hours later must reach the same
+verdict, or one would count an event the other parks. A publisher checks against
+its own clock (`make_event(now_ms=...)`), which is what the record's CreateTime
+will be, so what a publisher accepts a consumer accepts too.
+
+`decode` is total: whatever bytes arrive, it returns a `StatEvent` or an
+`Invalid` with a reason, and never raises (MemoryError aside, which is about the
+process and not the record). A consumer that raised on a record would crash, be
+restarted, re-read the same record and crash again: one bad publisher would stop
+the whole partition. Two parser limits make hostile input deterministic rather
+than dependent on the Python stack depth at the call site: values nested deeper
+than MAX_NESTING_DEPTH are `malformed`, and so is anything the JSON parser
+refuses (invalid UTF-8, lone surrogates, NaN/Infinity, numbers beyond a double).
 """
 
 from __future__ import annotations
@@ -23,6 +41,16 @@ MAX_ID_CHARS: Final = 128
 MAX_ABS_DELTA: Final = 10**9
 EPOCH_2000_MS: Final = 946_684_800_000
 MAX_FUTURE_SKEW_MS: Final = 10 * 60 * 1000
+# 9999-12-31T23:59:59.999Z: the last millisecond a Python datetime (and so the
+# sinks' DATE/TIMESTAMP columns) can hold. Without it a record with no Kafka
+# timestamp, or a producer-set CreateTime far in the future, could carry an
+# occurred_at the sink cannot turn into an hour bucket.
+MAX_OCCURRED_AT_MS: Final = 253_402_300_799_999
+# Deeper JSON is malformed. A real event is 2 levels deep; the limit is far above
+# any forward-compatible extension and below orjson's own (1024), so this
+# constant, not a library version or the caller's stack depth, draws the line.
+MAX_NESTING_DEPTH: Final = 512
+_SHOW_CHARS: Final = 60
 MS_PER_HOUR: Final = 3_600_000
 MS_PER_DAY: Final = 86_400_000
 
@@ -148,19 +176,78 @@ def _is_int(value: object) -> bool:
     return type(value) is int
 
 
+def _show(value: object) -> str:
+    """A short description of a decoded JSON value for an Invalid message; never raises.
+
+    Messages end up in DLQ headers and logs, so they must stay small, and `repr`
+    is not safe on hostile input: it recurses on nested arrays (RecursionError)
+    and refuses ints of more than 4300 digits (ValueError).
+    """
+    try:
+        if value is None or isinstance(value, bool):
+            return "null" if value is None else str(value).lower()
+        if isinstance(value, dict):
+            return "an object"
+        if isinstance(value, list):
+            return "an array"
+        if type(value) is int:
+            return str(value) if -(10**18) < value < 10**18 else f"an integer of {value.bit_length()} bits"
+        if isinstance(value, str):
+            return repr(value) if len(value) <= _SHOW_CHARS else repr(value[:_SHOW_CHARS]) + "..."
+        if isinstance(value, float):
+            return repr(value)
+        return f"a {type(value).__name__}"
+    except Exception:
+        return "an unprintable value"
+
+
 def _check_id(name: str, value: object) -> Invalid | None:
     if type(value) is not str or not 1 <= len(value) <= MAX_ID_CHARS:
         return Invalid(Reason.BAD_FIELD, f"{name} must be a string of 1-{MAX_ID_CHARS} characters")
+    if not value.isascii():
+        # Only reachable from Python callers (JSON parsers refuse lone surrogates): an id
+        # that has no UTF-8 form can be neither a record key nor encoded on the wire.
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return Invalid(Reason.BAD_FIELD, f"{name} is not valid Unicode (it holds a lone surrogate)")
     return None
 
 
-def from_mapping(body: object, now_ms: int, key: bytes | None = None, check_key: bool = True) -> StatEvent | Invalid:
-    """Validate a decoded JSON value against SPEC §2, checks in the SPEC's order."""
+def _check_occurred_at(occurred_at: object, timestamp_ms: int | None) -> Invalid | None:
+    if not _is_int(occurred_at):
+        return Invalid(
+            Reason.BAD_TIMESTAMP, f"occurred_at must be integer milliseconds since the epoch, got {_show(occurred_at)}"
+        )
+    assert isinstance(occurred_at, int)
+    if occurred_at < EPOCH_2000_MS:
+        return Invalid(Reason.BAD_TIMESTAMP, f"occurred_at {_show(occurred_at)} is before 2000-01-01T00:00Z")
+    if occurred_at > MAX_OCCURRED_AT_MS:
+        return Invalid(Reason.BAD_TIMESTAMP, f"occurred_at {_show(occurred_at)} is after 9999-12-31T23:59:59.999Z")
+    if timestamp_ms is not None and timestamp_ms >= 0 and occurred_at > timestamp_ms + MAX_FUTURE_SKEW_MS:
+        return Invalid(
+            Reason.BAD_TIMESTAMP,
+            f"occurred_at {occurred_at} is more than 10 minutes after the record's timestamp {timestamp_ms}",
+        )
+    return None
+
+
+def from_mapping(
+    body: object, timestamp_ms: int | None, key: bytes | None = None, check_key: bool = True
+) -> StatEvent | Invalid:
+    """Validate a decoded JSON value against SPEC §2, checks in the SPEC's order.
+
+    `timestamp_ms` is what `occurred_at` may not be more than 10 minutes after: the
+    record's Kafka timestamp for a consumer, the publisher's clock for a publisher
+    (it becomes the record's CreateTime). None or negative (Kafka's "no timestamp")
+    skips that bound; the verdict is still a function of the arguments alone.
+    Never raises, whatever `body` holds.
+    """
     if not isinstance(body, dict):
         return Invalid(Reason.MALFORMED, "value is not a JSON object")
     version = body.get("v")
     if not (_is_int(version) and version == WIRE_VERSION):
-        return Invalid(Reason.UNSUPPORTED_VERSION, f"v must be the integer {WIRE_VERSION}, got {version!r}")
+        return Invalid(Reason.UNSUPPORTED_VERSION, f"v must be the integer {WIRE_VERSION}, got {_show(version)}")
     event_id = body.get("event_id")
     skill_id = body.get("skill_id")
     bad = _check_id("event_id", event_id) or _check_id("skill_id", skill_id)
@@ -171,13 +258,12 @@ def from_mapping(body: object, now_ms: int, key: bytes | None = None, check_key:
         return Invalid(Reason.KEY_MISMATCH, "record key is not the UTF-8 skill_id")
     kind = body.get("kind")
     if type(kind) is not str or kind not in EFFECTS:
-        return Invalid(Reason.UNKNOWN_KIND, f"kind {kind!r} is not one of {', '.join(KINDS)}")
+        return Invalid(Reason.UNKNOWN_KIND, f"kind {_show(kind)} is not one of {', '.join(KINDS)}")
     occurred_at = body.get("occurred_at")
-    if not _is_int(occurred_at):
-        return Invalid(Reason.BAD_TIMESTAMP, "occurred_at must be integer milliseconds since the epoch")
+    bad = _check_occurred_at(occurred_at, timestamp_ms)
+    if bad:
+        return bad
     assert isinstance(occurred_at, int)
-    if occurred_at < EPOCH_2000_MS or occurred_at > now_ms + MAX_FUTURE_SKEW_MS:
-        return Invalid(Reason.BAD_TIMESTAMP, f"occurred_at {occurred_at} is before 2000 or over 10 minutes ahead")
     if not EFFECTS[kind].uses_delta:
         return StatEvent(event_id, skill_id, kind, occurred_at)
     delta = body.get("delta")
@@ -190,12 +276,19 @@ def from_mapping(body: object, now_ms: int, key: bytes | None = None, check_key:
     return StatEvent(event_id, skill_id, kind, occurred_at, all_time, current)  # type: ignore[arg-type]
 
 
-class _WireDelta(msgspec.Struct):
+# forbid_unknown_fields: msgspec skips an unknown field's value without checking it
+# (invalid UTF-8, or a number like 1e400 that the reference parser refuses, pass
+# unseen), so the fast path would call valid a record the reference calls
+# malformed. Refusing unknown fields means the fast path only ever accepts a
+# document every byte of which it has validated; a record that carries extra
+# fields (forward-compatible, and rare) is judged by the reference path instead.
+# It also caps what the fast path accepts at two levels of nesting.
+class _WireDelta(msgspec.Struct, forbid_unknown_fields=True):
     all_time: int
     current: int
 
 
-class _Wire(msgspec.Struct):
+class _Wire(msgspec.Struct, forbid_unknown_fields=True):
     v: int
     event_id: str
     skill_id: str
@@ -207,48 +300,102 @@ class _Wire(msgspec.Struct):
 _wire_decoder = msgspec.json.Decoder(_Wire)
 
 
-def decode(key: bytes | None, value: bytes | None, now_ms: int) -> StatEvent | Invalid:
-    """Decode one Kafka record (key and value bytes) into a valid event or the reason it is not.
+def decode(key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> StatEvent | Invalid:
+    """Decode one Kafka record into a valid event or the reason it is not; never raises.
+
+    `timestamp_ms` is the record's Kafka timestamp (CreateTime or LogAppendTime) in
+    milliseconds: `occurred_at` may be at most 10 minutes after it. None, or a
+    negative value (Kafka's "not available"), skips that bound. Either way the
+    verdict depends on the record alone, so every consumer group agrees on it.
 
     Two paths, one contract: a typed msgspec decode with the checks inlined takes
     every record it can prove valid (almost all of them, about 3x faster than a
-    dict walk); anything it cannot, it hands to `decode_reference`, which alone says
-    why a record is invalid. tests/test_contract.py checks both agree.
+    dict walk); anything it cannot (extra fields, anything invalid, anything that
+    makes it raise) it hands to `decode_reference`, which alone says why a record
+    is invalid and turns any failure of its own into `malformed`.
+    tests/test_contract.py checks both agree, on hand-picked and generated records.
     """
-    if value is None or len(value) > MAX_VALUE_BYTES:
-        return decode_reference(key, value, now_ms)
+    if value is not None and len(value) <= MAX_VALUE_BYTES:
+        try:
+            wire = _wire_decoder.decode(value)
+            skill_id, event_id, kind, at = wire.skill_id, wire.event_id, wire.kind, wire.occurred_at
+            effect = EFFECTS.get(kind)
+            if (
+                wire.v == WIRE_VERSION
+                and 0 < len(event_id) <= MAX_ID_CHARS
+                and 0 < len(skill_id) <= MAX_ID_CHARS
+                and effect is not None
+                and EPOCH_2000_MS <= at <= MAX_OCCURRED_AT_MS
+                and (timestamp_ms is None or timestamp_ms < 0 or at <= timestamp_ms + MAX_FUTURE_SKEW_MS)
+                and key == skill_id.encode()
+            ):
+                if not effect.uses_delta:
+                    return StatEvent(event_id, skill_id, kind, at)
+                delta = wire.delta
+                if delta is not None and abs(delta.all_time) <= MAX_ABS_DELTA and abs(delta.current) <= MAX_ABS_DELTA:
+                    return StatEvent(event_id, skill_id, kind, at, delta.all_time, delta.current)
+        except MemoryError:
+            raise
+        except Exception:
+            pass  # DecodeError, ValidationError, RecursionError, anything: the reference path says why
+    return decode_reference(key, value, timestamp_ms)
+
+
+def decode_reference(key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> StatEvent | Invalid:
+    """The contract as a plain walk over the parsed JSON: slower, and the one that names reasons.
+
+    Total like `decode`: an exception from anywhere below (a parser or library bug
+    included) makes the record `malformed` with what happened as the message,
+    because the alternative is a consumer crash-looping on it. MemoryError alone
+    propagates: it says nothing about the record, and parking a good record for it
+    would lose the record.
+    """
     try:
-        wire = _wire_decoder.decode(value)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        pass
-    else:
-        skill_id, event_id, kind, at = wire.skill_id, wire.event_id, wire.kind, wire.occurred_at
-        effect = EFFECTS.get(kind)
-        if (
-            wire.v == WIRE_VERSION
-            and 0 < len(event_id) <= MAX_ID_CHARS
-            and 0 < len(skill_id) <= MAX_ID_CHARS
-            and effect is not None
-            and EPOCH_2000_MS <= at <= now_ms + MAX_FUTURE_SKEW_MS
-            and key == skill_id.encode()
-        ):
-            if not effect.uses_delta:
-                return StatEvent(event_id, skill_id, kind, at)
-            delta = wire.delta
-            if delta is not None and abs(delta.all_time) <= MAX_ABS_DELTA and abs(delta.current) <= MAX_ABS_DELTA:
-                return StatEvent(event_id, skill_id, kind, at, delta.all_time, delta.current)
-    return decode_reference(key, value, now_ms)
+        return _decode_reference(key, value, timestamp_ms)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        return Invalid(Reason.MALFORMED, f"record could not be decoded: {_describe_exception(exc)}")
 
 
-def decode_reference(key: bytes | None, value: bytes | None, now_ms: int) -> StatEvent | Invalid:
-    """The contract as a plain walk over the parsed JSON: slower, and the one that names reasons."""
+def _decode_reference(key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> StatEvent | Invalid:
     if value is None or len(value) > MAX_VALUE_BYTES:
         return Invalid(Reason.MALFORMED, "value is empty" if value is None else "value is over 64 KiB")
     try:
         body = orjson.loads(value)
     except orjson.JSONDecodeError as exc:
         return Invalid(Reason.MALFORMED, f"not UTF-8 JSON: {exc}")
-    return from_mapping(body, now_ms, key)
+    if _nested_deeper_than(value, body, MAX_NESTING_DEPTH):
+        return Invalid(Reason.MALFORMED, f"JSON is nested deeper than {MAX_NESTING_DEPTH} levels")
+    return from_mapping(body, timestamp_ms, key)
+
+
+def _nested_deeper_than(raw: bytes, body: object, limit: int) -> bool:
+    """Whether the parsed value nests arrays/objects more than `limit` deep (the top level is 1).
+
+    The byte count is an upper bound on the depth (brackets inside strings count
+    too) and costs two C-level scans, so ordinary records never walk the tree; the
+    walk itself is iterative, so no depth can exhaust the Python stack.
+    """
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    stack: list[tuple[object, int]] = [(body, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def _describe_exception(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    text = text if len(text) <= 200 else text[:200] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def make_event(
@@ -261,7 +408,12 @@ def make_event(
     delta_current: int | None = None,
     now_ms: int | None = None,
 ) -> StatEvent:
-    """Build a valid event for publishing, or raise InvalidEvent saying why it is not."""
+    """Build a valid event for publishing, or raise InvalidEvent saying why it is not.
+
+    `now_ms` (default: this process's clock) stands in for the record's Kafka
+    timestamp, which the producer sets to its clock when it sends: an event this
+    accepts stays valid when a consumer checks it against the record's CreateTime.
+    """
     body: dict[str, Any] = {
         "v": WIRE_VERSION,
         "event_id": event_id or uuid.uuid4().hex,

@@ -1,17 +1,42 @@
-"""The dead-letter topic: what a parked record carries, and parking it safely (SPEC §6)."""
+"""The dead-letter topic: what a parked record carries, and parking it once (SPEC §6).
+
+Once, even across kill -9: a worker parks a batch's invalid records before the
+SQL transaction that moves the fence past them, so a worker killed in between
+replays that batch and would park them again. To prevent it, parcels from source
+partition q always go to DLQ partition q mod N, and q's fence row keeps a DLQ
+mark: an offset of that DLQ partition below which no parcel for a record at or
+above q's fence can be. Before parking, the worker reads its DLQ partitions from
+the marks to their ends and leaves out every parcel (group, source topic,
+partition, offset) already there; the new mark, stored with the fence in the
+batch's transaction, is the end it read to, or lower if the read found parcels
+of records above the new fence (another worker's, in a rebalance). The cost is
+one short read of the DLQ per batch that parks anything; batches with only
+valid records pay nothing.
+
+A parcel larger than the DLQ accepts is never a crash: the DLQ topic is created
+with room for 8 MiB records, a parcel past that is parked truncated, and if the
+broker still refuses one as too large (a DLQ topic created elsewhere with a
+smaller limit) it is truncated further and sent again. A truncated parcel says
+so in its headers, with its original size; partition and offset name the
+source record, which stays readable in the source topic until retention.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from skillstats.config import Settings
 from skillstats.kafka import Headers, RawRecord
-from skillstats.publisher import Publisher, PublishError
+from skillstats.publisher import producer_config
 from skillstats.retry import Backoff
+from skillstats.sinks.fences import DlqMark
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +51,18 @@ H_PARTITION = "skillstats.source.partition"
 H_OFFSET = "skillstats.source.offset"
 H_PARKED_AT = "skillstats.parked_at"
 H_GROUP = "skillstats.group"
+H_TRUNCATED = "skillstats.truncated"
+H_ORIGINAL_BYTES = "skillstats.original_bytes"
+
+# Room in the DLQ topic (its max.message.bytes) and in the DLQ producer.
+DLQ_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+DLQ_TOPIC_CONFIG = {"max.message.bytes": str(DLQ_MAX_MESSAGE_BYTES)}
+# What a parcel's key, headers and record framing may take besides the value.
+_OVERHEAD_BYTES = 4096
+_SMALLEST_LIMIT = 16 * 1024
+
+# source partition -> (the mark the DLQ read started from, the mark to store with the fence)
+MarkUpdates = dict[int, tuple[DlqMark | None, DlqMark]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,33 +86,198 @@ def park_headers(parcel: Parcel, source_topic: str, group: str, parked_at_ms: in
     ]
 
 
-class DeadLetters:
-    """Parks records in the DLQ topic and returns only once the broker has acknowledged them."""
+def truncated(parcel: Parcel, limit: int) -> tuple[Parcel, Headers]:
+    """The parcel cut to fit `limit` bytes, and the headers that say so (none when it fits whole)."""
+    value = parcel.record.value or b""
+    room = max(0, limit - _OVERHEAD_BYTES - len(parcel.record.key or b""))
+    if len(value) <= room:
+        return parcel, []
+    cut = replace(parcel, record=replace(parcel.record, value=value[:room]))
+    return cut, [(H_TRUNCATED, b"true"), (H_ORIGINAL_BYTES, str(len(value)).encode())]
 
-    def __init__(self, settings: Settings, group: str, *, flush_timeout: float = 30.0) -> None:
+
+class DeadLetters:
+    """Parks records in the DLQ topic, once, and returns only once the broker has acknowledged them."""
+
+    def __init__(self, settings: Settings, group: str, *, timeout: float = 30.0) -> None:
         self.source_topic = settings.topic
+        self.topic = settings.dlq_topic
         self.group = group
-        self._publisher = Publisher(settings, topic=settings.dlq_topic, flush_timeout=flush_timeout)
+        self.timeout = timeout
+        self.limit = DLQ_MAX_MESSAGE_BYTES
+        self._producer = Producer(
+            producer_config(settings, **{"message.max.bytes": DLQ_MAX_MESSAGE_BYTES + _OVERHEAD_BYTES})
+        )
+        self._reader = Consumer(
+            settings.kafka_config(
+                **{
+                    "group.id": f"{group}.dlq-reader",  # never subscribes or commits
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": True,
+                    "fetch.wait.max.ms": 10,
+                }
+            )
+        )
+        self._partitions: int | None = None
         self._backoff = Backoff(base=0.5)
 
-    def park(self, parcels: Sequence[Parcel], stop: threading.Event | None = None) -> None:
-        """Send and confirm; a broker outage is retried (capped backoff) until it ends or `stop` is set."""
+    def park(
+        self,
+        parcels: Sequence[Parcel],
+        marks: Mapping[int, DlqMark | None],
+        batch_end: Mapping[int, int],
+        stop: threading.Event | None = None,
+    ) -> MarkUpdates:
+        """Park the parcels not parked already; returns the DLQ marks to store with the fences.
+
+        `marks` holds the stored mark of each source partition (None: never parked);
+        `batch_end` one past the highest offset of each partition in the batch.
+        A broker outage is retried (capped backoff) until it ends or `stop` is set.
+        """
         if not parcels:
-            return
+            return {}
         attempt = 0
         while True:
-            now_ms = int(time.time() * 1000)
-            for parcel in parcels:
-                self._publisher.send_raw(
-                    parcel.record.key, parcel.record.value, park_headers(parcel, self.source_topic, self.group, now_ms)
-                )
             try:
-                self._publisher.flush()
-                return
-            except PublishError as exc:
-                # Resending the whole set can duplicate the ones that did land; a duplicate
-                # parked record is visible and harmless, a lost one is neither.
+                return self._park_once(parcels, marks, batch_end)
+            except (KafkaException, RuntimeError) as exc:
                 log.warning("could not park %d record(s) in the DLQ, retry %d: %s", len(parcels), attempt + 1, exc)
                 if self._backoff.sleep(attempt, stop):
                     raise
                 attempt += 1
+                self._partitions = None
+
+    def _park_once(
+        self, parcels: Sequence[Parcel], marks: Mapping[int, DlqMark | None], batch_end: Mapping[int, int]
+    ) -> MarkUpdates:
+        count = self._partition_count()
+        sources = sorted({p.record.partition for p in parcels})
+        target = {q: q % count for q in sources}
+        ends: dict[int, int] = {}
+        starts: dict[int, int] = {}
+        for q in sources:
+            wanted = [(target[q], None)]
+            mark = marks.get(q)
+            if mark is not None:
+                wanted = [(target[q], mark[1])] if mark[0] == target[q] else [(target[q], None), (mark[0], mark[1])]
+            for dlq_partition, start in wanted:
+                low, high = self._reader.get_watermark_offsets(
+                    TopicPartition(self.topic, dlq_partition), timeout=self.timeout
+                )
+                ends[dlq_partition] = high
+                begin = low if start is None else max(low, start)
+                starts[dlq_partition] = min(starts.get(dlq_partition, begin), begin)
+        parked = self._read_parked(starts, ends)
+        fresh = [p for p in parcels if (p.record.partition, p.record.offset) not in parked]
+        if len(fresh) < len(parcels):
+            log.info("%d record(s) were parked before (a replayed batch); not parked again", len(parcels) - len(fresh))
+        self._send(fresh, target)
+        updates: MarkUpdates = {}
+        for q in sources:
+            d = target[q]
+            above = [
+                at
+                for (source, offset), (part, at) in parked.items()
+                if source == q and part == d and offset >= batch_end[q]
+            ]
+            updates[q] = (marks.get(q), (d, min([ends[d], *above])))
+        return updates
+
+    def _partition_count(self) -> int:
+        if self._partitions is None:
+            metadata = self._reader.list_topics(self.topic, timeout=self.timeout).topics.get(self.topic)
+            if metadata is None or metadata.error is not None or not metadata.partitions:
+                raise RuntimeError(f"DLQ topic {self.topic!r} does not exist; run 'skillstats init'")
+            self._partitions = len(metadata.partitions)
+        return self._partitions
+
+    def _read_parked(
+        self, starts: Mapping[int, int], ends: Mapping[int, int]
+    ) -> dict[tuple[int, int], tuple[int, int]]:
+        """(source partition, source offset) -> (DLQ partition, DLQ offset) of this group's parcels in the ranges."""
+        todo = {d: ends[d] for d in starts if starts[d] < ends[d]}
+        found: dict[tuple[int, int], tuple[int, int]] = {}
+        if not todo:
+            return found
+        self._reader.assign([TopicPartition(self.topic, d, starts[d]) for d in todo])
+        deadline = time.monotonic() + self.timeout
+        try:
+            while todo:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"reading the DLQ back timed out with {todo} left")
+                for message in self._reader.consume(1000, timeout=0.5):
+                    if message.error() is not None:
+                        if message.error().code() == KafkaError._PARTITION_EOF:
+                            todo.pop(message.partition(), None)
+                            continue
+                        raise KafkaException(message.error())
+                    d, at = message.partition(), message.offset()
+                    headers = dict(message.headers() or [])
+                    if (
+                        headers.get(H_GROUP) == self.group.encode()
+                        and headers.get(H_TOPIC) == self.source_topic.encode()
+                    ):
+                        with contextlib.suppress(KeyError, ValueError):
+                            found[(int(headers[H_PARTITION]), int(headers[H_OFFSET]))] = (d, at)
+                    if at + 1 >= todo.get(d, 0):
+                        todo.pop(d, None)
+        finally:
+            self._reader.unassign()
+        return found
+
+    def _send(self, parcels: Sequence[Parcel], target: Mapping[int, int]) -> None:
+        """Produce and wait for every acknowledgement; a parcel refused as too large is cut and sent again."""
+        todo = list(parcels)
+        limit = self.limit
+        refused: list[Parcel] = []
+        errors: list[str] = []
+
+        def delivered(err: KafkaError | None, _message: Message, parcel: Parcel) -> None:
+            if err is None:
+                return
+            if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                refused.append(parcel)
+            else:
+                errors.append(str(err))
+
+        while todo:
+            now_ms = int(time.time() * 1000)
+            refused.clear()
+            errors.clear()
+            for parcel in todo:
+                cut, extra = truncated(parcel, limit)
+                if extra:
+                    log.warning(
+                        "parking %s partition %d offset %d truncated to %d of %d bytes",
+                        self.source_topic,
+                        parcel.record.partition,
+                        parcel.record.offset,
+                        len(cut.record.value or b""),
+                        len(parcel.record.value or b""),
+                    )
+                headers = [*park_headers(cut, self.source_topic, self.group, now_ms), *extra]
+                while True:
+                    try:
+                        self._producer.produce(
+                            self.topic,
+                            key=cut.record.key,
+                            value=cut.record.value,
+                            headers=headers,
+                            partition=target[parcel.record.partition],
+                            on_delivery=lambda err, msg, parcel=parcel: delivered(err, msg, parcel),
+                        )
+                        break
+                    except BufferError:
+                        self._producer.poll(0.05)
+            remaining = self._producer.flush(self.timeout)
+            if remaining:
+                raise RuntimeError(f"{remaining} DLQ record(s) not acknowledged within {self.timeout:g}s")
+            if errors:
+                raise RuntimeError(f"DLQ refused record(s): {'; '.join(errors[:5])}")
+            if refused and limit <= _SMALLEST_LIMIT:
+                raise RuntimeError(f"DLQ refuses even {limit}-byte records; check its max.message.bytes")
+            todo, limit = list(refused), max(_SMALLEST_LIMIT, limit // 4)
+
+    def close(self) -> None:
+        self._producer.flush(self.timeout)
+        self._reader.close()

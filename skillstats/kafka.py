@@ -38,10 +38,10 @@ def ensure_topics(
     specs: dict[str, int],
     *,
     replication_factor: int = 1,
-    config: dict[str, str] | None = None,
+    configs: dict[str, dict[str, str]] | None = None,
     timeout: float = 30.0,
 ) -> list[TopicReport]:
-    """Create the topics in `specs` (name -> partitions) that do not exist yet.
+    """Create the topics in `specs` (name -> partitions) that do not exist yet, with `configs` per topic.
 
     An existing topic is left as it is, even with another partition count: adding
     partitions would move keys to new partitions and break per-skill ordering, so
@@ -50,7 +50,12 @@ def ensure_topics(
     admin = AdminClient(settings.kafka_config())
     existing = admin.list_topics(timeout=timeout).topics
     missing = [
-        NewTopic(name, num_partitions=partitions, replication_factor=replication_factor, config=config or {})
+        NewTopic(
+            name,
+            num_partitions=partitions,
+            replication_factor=replication_factor,
+            config=(configs or {}).get(name, {}),
+        )
         for name, partitions in specs.items()
         if name not in existing
     ]
@@ -88,13 +93,32 @@ def partition_count(settings: Settings, topic: str, timeout: float = 10.0) -> in
 
 def end_offsets(settings: Settings, topic: str, timeout: float = 10.0) -> dict[int, int]:
     """High watermark (next offset to be written) of every partition of `topic`."""
+    return {p: high for p, (_low, high) in watermarks(settings, topic, timeout).items()}
+
+
+def watermarks(settings: Settings, topic: str, timeout: float = 10.0) -> dict[int, tuple[int, int]]:
+    """(log start offset, high watermark) of every partition of `topic`."""
     consumer = Consumer(settings.kafka_config(**{"group.id": "skillstats-offsets-probe", "enable.auto.commit": False}))
     try:
         result = {}
         for partition in range(partition_count(settings, topic, timeout)):
-            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
-            result[partition] = high
+            result[partition] = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
         return result
+    finally:
+        consumer.close()
+
+
+def commit_offsets(settings: Settings, group: str, topic: str, offsets: dict[int, int], timeout: float = 10.0) -> None:
+    """Set a group's committed offsets outright; the group must have no members (its consumers stopped)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.kafka_config())
+    described = admin.describe_consumer_groups([group], request_timeout=timeout)[group].result(timeout)
+    if described.members:
+        raise RuntimeError(f"group {group!r} has {len(described.members)} active member(s); stop its consumers first")
+    consumer = Consumer(settings.kafka_config(**{"group.id": group, "enable.auto.commit": False}))
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in sorted(offsets.items())], asynchronous=False)
     finally:
         consumer.close()
 

@@ -10,8 +10,8 @@ from sqlalchemy import select
 
 from skillstats.config import Settings
 from skillstats.kafka import committed_offsets, end_offsets
-from skillstats.sinks.apply import PartitionFences
 from skillstats.sinks.db import open_engine
+from skillstats.sinks.fences import PartitionFences
 from skillstats.sinks.migrate import require_current
 from skillstats.sinks.schema import docsync_runs
 
@@ -24,6 +24,7 @@ class GroupStatus:
     committed: int  # records below Kafka's committed offsets
     lag: int  # end - applied
     partitions: dict[int, dict[str, int]]
+    fences_ahead: list[int]  # partitions whose fence is past the log end: the consumers refuse to run
 
 
 def group_status(settings: Settings, engine: Any, group: str, ends: dict[int, int]) -> GroupStatus:
@@ -34,6 +35,7 @@ def group_status(settings: Settings, engine: Any, group: str, ends: dict[int, in
         for p, end in sorted(ends.items())
     }
     applied = sum(v["applied"] for v in partitions.values())
+    ahead = sorted(p for p, f in fences.items() if f > ends.get(p, 0))
     return GroupStatus(
         group,
         sum(ends.values()),
@@ -41,6 +43,7 @@ def group_status(settings: Settings, engine: Any, group: str, ends: dict[int, in
         sum(v["committed"] for v in partitions.values()),
         sum(ends.values()) - applied,
         partitions,
+        ahead,
     )
 
 
@@ -76,6 +79,11 @@ def render(report: dict[str, Any], as_json: bool) -> str:
             f"  {group['group']:<28} applied {group['applied']:>12,} of {group['end']:>12,}  lag {group['lag']:>10,}"
             f"  (Kafka committed {group['committed']:,})"
         )
+        if group["fences_ahead"]:
+            lines.append(
+                f"    FENCE AHEAD OF LOG on partition(s) {group['fences_ahead']}: the topic was recreated or the "
+                f"database restored; the consumers refuse to run (see `skillstats fences --help`)"
+            )
     lines.append("recent docsync runs:")
     for run in report["docsync_runs"] or []:
         lines.append(

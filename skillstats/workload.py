@@ -67,7 +67,7 @@ def _invalid(rng: random.Random, skill: str, now_ms: int, serial: int) -> tuple[
         "kind": "download",
         "occurred_at": now_ms - rng.randrange(MS_PER_DAY),
     }
-    variant = serial % 13
+    variant = serial % 15
     if variant == 0:
         return key, b"{not json"
     if variant == 1:
@@ -92,6 +92,11 @@ def _invalid(rng: random.Random, skill: str, now_ms: int, serial: int) -> tuple[
         return key, orjson.dumps({**good, "kind": "install_clear", "delta": {"all_time": 1.5, "current": 0}})
     if variant == 11:
         return key, None
+    if variant == 12:
+        # Poison for a recursive decoder: 1,000 nested objects, then 2,000 nested arrays.
+        return key, b'{"a":' * 1000 + b"1" + b"}" * 1000
+    if variant == 13:
+        return key, b'{"x":' + b"[" * 2000 + b"]" * 2000 + b"}"
     return key, b'{"v": 1, "event_id": "' + b"z" * 70_000 + b'"}'
 
 

@@ -1,12 +1,28 @@
 """Consumer group `skillstats-docsync`: the slow, bounded drain into `skills` and `user_skill_stats`.
 
 A plain confluent-kafka consumer, run as a Kubernetes CronJob (one drain, then
-exit) or with `--every` as a long-running loop. One drain: snapshot the end
-offsets, read every assigned partition from its SQL fence up to that snapshot
-(or until a budget runs out), fold per skill, then apply each partition's
-deltas once, in chunked transactions that also move the fences, and commit the
-same offsets to Kafka after each SQL commit. Nothing is written before the
-reading is done: a drain killed while reading leaves no trace but its run row.
+exit) or with `--every` as a long-running loop. One drain: check that no SQL
+fence is past its partition's log end (a recreated topic or a restored database
+must stop the drain loudly, not make it skip records as "already applied"),
+snapshot the end offsets, read every assigned partition from its SQL fence up to
+that snapshot (or until a budget runs out), fold per skill, then apply each
+partition's deltas once, in chunked transactions that also move the fences, and
+commit the same offsets to Kafka after each SQL commit. Nothing is written before
+the reading is done: a drain killed while reading leaves no trace but its run row.
+
+When is a partition read? Not when the next offset reaches the snapshot's high
+watermark: a transactional producer leaves commit and abort markers, and aborted
+records, that a read_committed consumer is never handed, so a partition ending
+in a marker would never "reach" its end, and an open transaction stops the
+consumer at the last stable offset, below the high watermark, until it ends. The
+drain goes by what the consumer really reached instead: a partition-EOF event at
+offset e (everything below e was handed over, or was never deliverable), or a
+record at or past the snapshot end, says the partition has nothing more now; the
+partition's next offset then moves up to min(e, snapshot end), so the fence and
+the Kafka commit pass the trailing markers and the next drain does not wait on
+them again. (`Consumer.position()` is no help here: it stops after the last
+record handed over, before the markers, and some librdkafka 2.x versions
+advance it by two after an EOF in batch consume.)
 """
 
 from __future__ import annotations
@@ -22,18 +38,20 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, TopicPartition
 from sqlalchemy import insert, update
 
 from skillstats.config import Settings
 from skillstats.contract import Invalid, decode
 from skillstats.kafka import end_offsets
 from skillstats.retry import Backoff
-from skillstats.sinks.apply import now_utc_naive
-from skillstats.sinks.db import is_transient, open_engine
+from skillstats.sinks.db import open_engine
 from skillstats.sinks.docstats import DocStatsSink, PartitionDeltas
+from skillstats.sinks.fences import FenceAheadOfLog, check_within_log
 from skillstats.sinks.migrate import require_current
+from skillstats.sinks.recovery import describe, is_data_error
 from skillstats.sinks.schema import docsync_runs
+from skillstats.sinks.upserts import now_utc_naive
 
 log = logging.getLogger(__name__)
 
@@ -101,58 +119,147 @@ class DocSync:
         summary = DrainSummary()
         summary.run_id = self._open_run()
         try:
-            consumer, parts = self._read(summary, started)
+            ends = self._snapshot()
+            consumer, parts = self._read(summary, started, ends)
             self._apply(consumer, parts, summary)
+        except FenceAheadOfLog as exc:
+            # An operator's decision, not a bug: the message says what to do, a traceback would bury it.
+            log.error("%s", exc)
+            summary.stopped_reason = ERROR
+            summary.error = f"{type(exc).__name__}: {exc}"
         except Exception as exc:
             log.exception("docsync drain failed")
             summary.stopped_reason = ERROR
-            summary.error = f"{type(exc).__name__}: {exc}"[:2000]
+            summary.error = f"{type(exc).__name__}: {exc}"[:4000]
         summary.duration_seconds = time.monotonic() - started
         self._close_run(summary)
         return summary
 
     # ------------------------------------------------------------------ reading
 
-    def _read(self, summary: DrainSummary, started: float) -> tuple[Consumer, dict[int, PartitionDeltas]]:
+    def _snapshot(self) -> dict[int, int]:
+        """The end offsets this drain reads up to, once no fence is past them (else FenceAheadOfLog).
+
+        The fences are read before the end offsets: a fence only ever moves to an
+        offset that was in the log when it moved, and a high watermark never goes
+        down, so a fence read first can be past an end read after it only if the
+        log is not the one the database counted. (Read the other way round,
+        another drain applying in between could raise a false alarm.)
+        """
+        fences = self.sink.fences()
+        ends = end_offsets(self.settings, self.settings.topic)
+        check_within_log(self.settings.docsync_group, self.settings.topic, fences, ends)
+        return ends
+
+    def _read(
+        self, summary: DrainSummary, started: float, ends: dict[int, int]
+    ) -> tuple[Consumer, dict[int, PartitionDeltas]]:
         topic = self.settings.topic
-        ends = end_offsets(self.settings, topic)
+        group = self.settings.docsync_group
         parts: dict[int, PartitionDeltas] = {}
+        finished: set[int] = set()  # assigned partitions with nothing more to read below the snapshot
+        assigned = threading.Event()  # holds an assignment now (cleared while a rebalance is under way)
         assigned_once = threading.Event()
         consumer = Consumer(
             self.settings.kafka_config(
                 **{
-                    "group.id": self.settings.docsync_group,
+                    "group.id": group,
                     "enable.auto.commit": False,
                     "auto.offset.reset": "earliest",
-                    "enable.partition.eof": False,
+                    # librdkafka's default, said out loud: records of aborted and open
+                    # transactions are never counted.
+                    "isolation.level": "read_committed",
+                    # How a partition whose last offsets are transaction markers, or which
+                    # an open transaction holds below its high watermark, is known to be read.
+                    "enable.partition.eof": True,
                 }
             )
         )
 
-        def on_assign(c: Consumer, assigned: list[TopicPartition]) -> None:
+        def finish(c: Consumer, partition: int, reached: int | None = None) -> None:
+            """Nothing more to read in `partition` now; everything below `reached` was handed over.
+
+            The next offset moves up to `reached` (capped at the snapshot end: records
+            past it are the next drain's), which passes transaction markers and aborted
+            records no record offset would ever pass. Pausing stops fetching what this
+            drain would throw away.
+            """
+            part = parts[partition]
+            if reached is not None:
+                part.next_offset = max(part.next_offset, min(reached, ends.get(partition, 0)))
+            finished.add(partition)
+            c.pause([TopicPartition(topic, partition)])
+
+        def on_assign(c: Consumer, assignment: list[TopicPartition]) -> None:
             # The SQL fence, not Kafka's committed offset, says where to read from.
             fences = self.sink.fences()
             positioned = []
-            for tp in assigned:
+            for tp in assignment:
                 start = fences.get(tp.partition)
                 parts[tp.partition] = PartitionDeltas(tp.partition, start or 0, start or 0)
                 positioned.append(TopicPartition(topic, tp.partition, start if start is not None else OFFSET_BEGINNING))
             c.assign(positioned)
+            for tp in assignment:
+                # Empty, or already read to the snapshot (a partition added after it has end 0;
+                # a fence past it was moved by a later drain): done now. Its EOF event may
+                # never come, or come before anything here would look for it.
+                if parts[tp.partition].start >= ends.get(tp.partition, 0):
+                    finish(c, tp.partition)
             assigned_once.set()
-            log.info("assigned partitions %s", sorted(tp.partition for tp in assigned))
+            assigned.set()
+            log.info("assigned partitions %s", sorted(tp.partition for tp in assignment))
 
         def on_revoke(c: Consumer, revoked: list[TopicPartition]) -> None:
             # What was read from them is dropped: the next owner reads it again from
             # the fence, which nothing has moved yet.
+            assigned.clear()
             for tp in revoked:
                 parts.pop(tp.partition, None)
+                finished.discard(tp.partition)
             c.unassign()
+
+        def take(message: Message) -> None:
+            partition = message.partition()
+            part = parts.get(partition)
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    raise RuntimeError(f"Kafka: {error}")
+                if part is not None and partition not in finished:
+                    finish(consumer, partition, message.offset())
+                return
+            if part is None or partition in finished:
+                return  # revoked meanwhile, or already read to the snapshot
+            offset = message.offset()
+            if offset >= ends.get(partition, 0):
+                finish(consumer, partition, offset)  # past the snapshot: everything below it was handed over
+                return
+            if offset < part.start:
+                # The consumer was positioned at the fence and handed something below it:
+                # it was reset to the log's start, so the fence was past the log's end.
+                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+                raise FenceAheadOfLog(group, topic, {partition: (part.start, high)})
+            if offset < part.next_offset:
+                return
+            ts_type, ts = message.timestamp()
+            decoded = decode(message.key(), message.value(), ts if ts_type != TIMESTAMP_NOT_AVAILABLE else None)
+            if isinstance(decoded, Invalid):
+                part.invalid += 1
+            else:
+                part.add(decoded)
+            part.events += 1
+            part.next_offset = offset + 1
+            summary.events_read += 1
+            if part.next_offset >= ends.get(partition, 0):
+                finish(consumer, partition)
 
         consumer.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke)
         reason = CAUGHT_UP
         try:
             deadline_assign = time.monotonic() + 60
             while True:
+                if assigned.is_set() and finished.issuperset(parts):
+                    break
                 if self.stop.is_set():
                     reason = BUDGET
                     break
@@ -166,28 +273,10 @@ class DocSync:
                     if want <= 0:
                         reason = BUDGET
                         break
-                if assigned_once.is_set() and all(p.next_offset >= ends.get(p.partition, 0) for p in parts.values()):
-                    break
                 if not assigned_once.is_set() and time.monotonic() > deadline_assign:
                     raise RuntimeError("no partitions were assigned within 60 s; is the group stuck rebalancing?")
                 for message in consumer.consume(want, timeout=0.5):
-                    error = message.error()
-                    if error is not None:
-                        if error.code() != KafkaError._PARTITION_EOF:
-                            raise RuntimeError(f"Kafka: {error}")
-                        continue
-                    part = parts.get(message.partition())
-                    offset = message.offset()
-                    if part is None or offset >= ends.get(message.partition(), 0) or offset < part.next_offset:
-                        continue  # revoked meanwhile, past the snapshot, or before the fence
-                    decoded = decode(message.key(), message.value(), int(time.time() * 1000))
-                    if isinstance(decoded, Invalid):
-                        part.invalid += 1
-                    else:
-                        part.add(decoded)
-                    part.events += 1
-                    part.next_offset = offset + 1
-                    summary.events_read += 1
+                    take(message)
             summary.stopped_reason = reason
             return consumer, parts
         except Exception:
@@ -217,10 +306,10 @@ class DocSync:
                         [p.partition for p in batch],
                         attempt,
                         chunk,
-                        exc,
+                        describe(exc),
                     )
-                    if not is_transient(exc):
-                        log.warning("the error does not look transient; retrying anyway, bounded")
+                    if is_data_error(exc):
+                        log.warning("the database refused the data itself; retrying anyway, bounded")
                     if self.budget.backoff.sleep(attempt - 1, None):
                         raise
                     continue

@@ -25,12 +25,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import queue
 import ssl
+import sys
 import threading
-import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import faust
 from faust.transport.drivers import aiokafka as aiokafka_driver
@@ -38,13 +38,17 @@ from faust.types import TP
 
 from skillstats.config import Settings
 from skillstats.contract import Invalid, decode
-from skillstats.dlq import REJECTED_BY_DATABASE, DeadLetters, Parcel
-from skillstats.kafka import RawRecord
-from skillstats.sinks.apply import ApplyOutcome, ConsumedRecord, WindowsSink, apply_with_recovery
+from skillstats.dlq import REJECTED_BY_DATABASE, DeadLetters, MarkUpdates, Parcel
+from skillstats.kafka import RawRecord, end_offsets
+from skillstats.sinks.batch import ApplyOutcome, ConsumedRecord
 from skillstats.sinks.db import open_engine
+from skillstats.sinks.fences import FenceAheadOfLog, check_within_log
 from skillstats.sinks.migrate import require_current
+from skillstats.sinks.recovery import Health, apply_with_recovery
+from skillstats.sinks.windows import WindowsSink
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class FetchedRecord(Protocol):
@@ -52,17 +56,22 @@ class FetchedRecord(Protocol):
 
     partition: int
     offset: int
+    timestamp: int | None
     key: bytes | None
     value: bytes | None
 
 
-def decode_batch(raws: Sequence[FetchedRecord], now_ms: int) -> tuple[list[ConsumedRecord], list[Parcel]]:
-    """Decode a batch; invalid records become fence-only entries plus parcels for the DLQ."""
+def decode_batch(raws: Sequence[FetchedRecord]) -> tuple[list[ConsumedRecord], list[Parcel]]:
+    """Decode a batch; invalid records become fence-only entries plus parcels for the DLQ.
+
+    Validity is a function of the record alone (its key, value and Kafka
+    timestamp), so this group and docsync always agree on it.
+    """
     records: list[ConsumedRecord] = []
     parcels: list[Parcel] = []
     append = records.append
     for raw in raws:
-        decoded = decode(raw.key, raw.value, now_ms)
+        decoded = decode(raw.key, raw.value, raw.timestamp)
         if isinstance(decoded, Invalid):
             parcels.append(
                 Parcel(RawRecord(raw.partition, raw.offset, raw.key, raw.value), decoded.reason.value, decoded.message)
@@ -80,31 +89,91 @@ class WindowsPipeline:
         self.sink = sink
         self.dead_letters = dead_letters
         self.stop = threading.Event()
+        self.health = Health()
 
     def process(self, raws: Sequence[FetchedRecord]) -> ApplyOutcome:
-        records, parcels = decode_batch(raws, int(time.time() * 1000))
+        records, parcels = decode_batch(raws)
+        marks: MarkUpdates = {}
+        stored: dict[int, Any] = {}
         if parcels:
-            # A replayed batch must not park its invalid records a second time: they
-            # were parked (and acknowledged) before the fence first moved past them.
-            fences = self.sink.fences()
-            parcels = [p for p in parcels if p.record.offset >= fences.get(p.record.partition, 0)]
-            self.dead_letters.park(parcels, self.stop)
+            # A record below its fence was parked (and acknowledged) before the fence
+            # first moved past it; one above may have been parked by a worker that
+            # died before its commit: DeadLetters reads the DLQ from the marks.
+            rows = self.sink.rows()
+            stored = {p: row.dlq_mark for p, row in rows.items()}
+            parcels = [
+                p
+                for p in parcels
+                if p.record.offset >= (rows[p.record.partition].next_offset if p.record.partition in rows else 0)
+            ]
+            marks = self.dead_letters.park(parcels, stored, _batch_end(records), self.stop)
 
-        def park_rejected(record: ConsumedRecord, exc: BaseException) -> None:
+        def park_rejected(record: ConsumedRecord, exc: BaseException) -> MarkUpdates:
             raw = next(r for r in raws if (r.partition, r.offset) == (record.partition, record.offset))
             parcel = Parcel(RawRecord(raw.partition, raw.offset, raw.key, raw.value), REJECTED_BY_DATABASE, str(exc))
-            self.dead_letters.park([parcel], self.stop)
+            return self.dead_letters.park([parcel], stored, {record.partition: record.offset + 1}, self.stop)
 
-        outcome = apply_with_recovery(self.sink, records, park_rejected, stop=self.stop)
+        outcome = apply_with_recovery(
+            self.sink, records, park_rejected, stop=self.stop, health=self.health, dlq_marks=marks
+        )
         outcome.parked += len(parcels)
         return outcome
+
+
+def _batch_end(records: Sequence[ConsumedRecord]) -> dict[int, int]:
+    end: dict[int, int] = {}
+    for record in records:
+        end[record.partition] = max(end.get(record.partition, 0), record.offset + 1)
+    return end
+
+
+class SinkThread:
+    """One daemon thread running the batches, in order.
+
+    A daemon (unlike a ThreadPoolExecutor's worker) cannot hold the process past
+    its shutdown budget while a database call hangs: the budget decides, and what
+    the abandoned batch had not committed is replayed by the next owner.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[[], Any]]]
+        self._jobs = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="windows-sink", daemon=True).start()
+
+    def submit(self, job: Callable[[], T]) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((loop, future, job))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            loop, future, job = self._jobs.get()
+            try:
+                result = job()
+            except BaseException as exc:  # handed to the awaiting coroutine
+                loop.call_soon_threadsafe(_settle, future, None, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, future, result, None)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
 
 
 class BatchSink:
     """Feeds fetched records to the pipeline one transaction at a time, in fetch order.
 
     At most one batch is in the database; records fetched meanwhile wait in
-    `pending` and form the next batch. When `pending` reaches `max_pending`, the
+    `pending`, kept per partition, and form the next batch. When a partition is
+    revoked its pending records are dropped (they were never applied, and
+    whoever owns the partition next reads them again from the committed offset,
+    which is never past the fence). When `pending` reaches `max_pending`, the
     fetcher waits for the database (backpressure), so memory stays bounded.
     """
 
@@ -113,30 +182,43 @@ class BatchSink:
         self.pipeline = pipeline
         self.topic = topic
         self.max_pending = max_pending
-        self.pending: list[FetchedRecord] = []
+        self.pending: dict[int, list[FetchedRecord]] = {}
+        self.pending_count = 0
         self.in_flight: asyncio.Future[ApplyOutcome] | None = None
         self.in_flight_size = 0
         self.totals = ApplyOutcome()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="windows-sink")
+        self._thread = SinkThread()
 
-    async def add(self, records: list[FetchedRecord]) -> None:
-        self.pending.extend(records)
-        if self.in_flight is not None and (self.in_flight.done() or len(self.pending) >= self.max_pending):
+    async def add(self, fetched: Mapping[int, Sequence[FetchedRecord]]) -> None:
+        for partition, records in fetched.items():
+            if records:
+                self.pending.setdefault(partition, []).extend(records)
+                self.pending_count += len(records)
+        if self.in_flight is not None and (self.in_flight.done() or self.pending_count >= self.max_pending):
             await self._finish_in_flight()
-        if self.in_flight is None and self.pending:
+        if self.in_flight is None and self.pending_count:
             self._start()
+
+    def drop(self, partitions: set[int]) -> int:
+        """Forget what is pending for revoked partitions; returns how many records were dropped."""
+        dropped = 0
+        for partition in partitions:
+            dropped += len(self.pending.pop(partition, ()))
+        self.pending_count -= dropped
+        return dropped
 
     async def idle(self) -> None:
         """Nothing fetched this round: make sure what is pending gets applied."""
         if self.in_flight is not None and self.in_flight.done():
             await self._finish_in_flight()
-        if self.in_flight is None and self.pending:
+        if self.in_flight is None and self.pending_count:
             self._start()
 
     def _start(self) -> None:
-        batch, self.pending = self.pending, []
+        batch = [record for records in self.pending.values() for record in records]
+        self.pending, self.pending_count = {}, 0
         self.in_flight_size = len(batch)
-        self.in_flight = asyncio.get_running_loop().run_in_executor(self._executor, self.pipeline.process, batch)
+        self.in_flight = self._thread.submit(lambda: self.pipeline.process(batch))
 
     async def _finish_in_flight(self) -> None:
         assert self.in_flight is not None
@@ -174,7 +256,7 @@ class BatchSink:
         is read again by whoever owns the partition next.
         """
         self.pipeline.stop.set()
-        self.pending = []
+        self.pending, self.pending_count = {}, 0
         if self.in_flight is None:
             return
         try:
@@ -190,7 +272,17 @@ class BatchSink:
 
 
 class FencedConsumer(aiokafka_driver.Consumer):
-    """faust's aiokafka consumer with a batch drain, never committing past the SQL fence."""
+    """faust's aiokafka consumer with a batch drain, never committing past the SQL fence.
+
+    Two private faust methods are overridden, `_commit` and `_drain_messages`
+    (faust has no public hook for either); pyproject.toml pins faust-streaming to
+    the range they were written against and tests/test_faust_pins.py fails when
+    what they rely on changes. Rebalances go through faust's public signals
+    (`on_partitions_revoked`, `on_partitions_assigned`), see build_app.
+    """
+
+    def _new_consumer_thread(self) -> aiokafka_driver.AIOKafkaConsumerThread:
+        return ReadCommittedConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
         fences: dict[TP, int] = getattr(self.app, "sql_fences", {})
@@ -204,20 +296,25 @@ class FencedConsumer(aiokafka_driver.Consumer):
         read_offsets = self._read_offset
         try:
             while not (self.should_stop or fetcher.should_stop):
-                records, _active = await self._wait_next_records(timeout=0.2)
+                records, active = await self._wait_next_records(timeout=0.2)
                 if not records or self.should_stop or not self.flow_active:
                     # Paused for a rebalance: what was fetched is dropped here and
-                    # fetched again after faust seeks the new assignment.
+                    # fetched again after faust seeks the new assignment to the
+                    # committed offsets (never past the fences).
                     await sink.idle()
                     continue
-                batch: list[FetchedRecord] = []
+                batch: dict[int, Sequence[FetchedRecord]] = {}
                 for tp, fetched in records.items():
+                    if not fetched or (active is not None and tp not in active):
+                        continue  # a partition no longer ours
                     floor = read_offsets[tp]
                     if floor is None or fetched[0].offset >= floor:
-                        batch.extend(fetched)
+                        batch[tp.partition] = fetched
                     else:
-                        batch.extend(r for r in fetched if r.offset >= floor)
+                        batch[tp.partition] = [r for r in fetched if r.offset >= floor]
                     read_offsets[tp] = fetched[-1].offset
+                # No await between the flow check above and here: a revoke cannot slip
+                # in between, so nothing fetched for a revoked partition gets pending.
                 await sink.add(batch)
         except asyncio.CancelledError:
             await sink.drain_on_shutdown(self.app.shutdown_budget)  # type: ignore[attr-defined]
@@ -231,6 +328,22 @@ class FencedConsumer(aiokafka_driver.Consumer):
             raise
 
 
+class ReadCommittedConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
+    """aiokafka reads uncommitted records unless faust runs its own transactions.
+
+    Events of an aborted transaction must count nowhere, and docsync (librdkafka,
+    read_committed by default) never sees them, so this group reads committed
+    records only. aiokafka takes the level as a constructor argument that faust
+    does not expose; it is read when the consumer starts (tests/test_faust_pins.py
+    checks both facts for the pinned versions).
+    """
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._isolation_level = "read_committed"
+        return consumer
+
+
 class FencedTransport(aiokafka_driver.Transport):
     Consumer = FencedConsumer
 
@@ -241,6 +354,7 @@ class WindowsApp(faust.App):
     sql_fences: dict[TP, int]
     batch_sink: BatchSink
     shutdown_budget: float
+    fence_error: FenceAheadOfLog | None
 
     def _new_transport(self) -> Any:
         return FencedTransport(self.conf.broker_consumer, self)
@@ -304,7 +418,38 @@ def build_app(
     sink = WindowsSink(engine, settings.windows_group, settings.topic)
     pipeline = WindowsPipeline(sink, DeadLetters(settings, settings.windows_group))
     app.batch_sink = BatchSink(app, pipeline, settings.topic, max_pending=batch_size)
+    app.fence_error = None
+
+    @app.on_partitions_revoked.connect
+    async def drop_revoked(_app: Any, revoked: set[TP], **_: Any) -> None:
+        dropped = app.batch_sink.drop({tp.partition for tp in revoked if tp.topic == settings.topic})
+        if dropped:
+            log.info("rebalance: dropped %d fetched, unapplied record(s) of revoked partitions", dropped)
+
+    @app.on_partitions_assigned.connect
+    async def refuse_fences_ahead(_app: Any, assigned: set[TP], **_: Any) -> None:
+        partitions = {tp.partition for tp in assigned if tp.topic == settings.topic}
+        if partitions:
+            await check_assigned_fences(app, sink, settings, partitions)
+
     return app
+
+
+async def check_assigned_fences(app: WindowsApp, sink: WindowsSink, settings: Settings, partitions: set[int]) -> None:
+    """Stop the worker (exit 2, a clear message) if an assigned partition's fence is past its log end."""
+    loop = asyncio.get_running_loop()
+    try:
+        ends = await loop.run_in_executor(None, end_offsets, settings, settings.topic)
+        fences = await loop.run_in_executor(None, sink.fences)
+    except Exception as exc:  # a broker or database blip: the batches retry; check at the next rebalance
+        log.warning("could not compare fences with the log ends: %s", exc)
+        return
+    try:
+        check_within_log(sink.group_id, sink.topic, {p: f for p, f in fences.items() if p in partitions}, ends)
+    except FenceAheadOfLog as exc:
+        log.critical("%s", exc)
+        app.fence_error = exc
+        raise
 
 
 def run(settings: Settings, *, log_level: str = "warning", **options: Any) -> None:
@@ -318,4 +463,9 @@ def run(settings: Settings, *, log_level: str = "warning", **options: Any) -> No
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
     worker = faust.Worker(app, loglevel=log_level, quiet=True)
-    worker.execute_from_commandline()
+    try:
+        worker.execute_from_commandline()
+    finally:
+        if app.fence_error is not None:
+            print(f"skillstats windows: {app.fence_error}", file=sys.stderr)
+            raise SystemExit(2)

@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient
 from sqlalchemy import create_engine, text
 
 from skillstats.config import Settings
+from skillstats.dlq import DLQ_TOPIC_CONFIG
 from skillstats.kafka import ensure_topics
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.migrate import upgrade
@@ -97,7 +98,11 @@ def settings(kafka_bootstrap: str, database_url: str) -> Settings:
         windows_group=f"windows-{run}",
         docsync_group=f"docsync-{run}",
     )
-    ensure_topics(configured, {configured.topic: 12, configured.dlq_topic: 3})
+    ensure_topics(
+        configured,
+        {configured.topic: 12, configured.dlq_topic: 3},
+        configs={configured.dlq_topic: DLQ_TOPIC_CONFIG},
+    )
     upgrade(open_engine(database_url))
     return configured
 

@@ -8,10 +8,11 @@ import pytest
 
 from skillstats.config import Settings
 from skillstats.kafka import partition_count
+from skillstats.sinks.migrate import head_revision
 from tests.test_publish import cli
 
 
-@pytest.mark.parametrize("command", ["init", "publish", "windows", "docsync", "status", "bench"])
+@pytest.mark.parametrize("command", ["init", "publish", "windows", "docsync", "status", "bench", "fences"])
 def test_every_command_has_help(command: str) -> None:
     result = cli(Settings(), command, "--help")
     assert result.returncode == 0
@@ -26,7 +27,7 @@ def test_init_creates_topics_and_schema_once(kafka_bootstrap: str, database_url:
     first = cli(settings, "init", "--partitions", "6")
     assert first.returncode == 0, first.stderr
     assert f"topic init-{run}: created, 6 partitions" in first.stdout
-    assert "migrated empty -> 0002" in first.stdout
+    assert f"migrated empty -> {head_revision()}" in first.stdout
     second = cli(settings, "init", "--partitions", "6")
     assert second.returncode == 0, second.stderr
     assert f"topic init-{run}: exists, 6 partitions" in second.stdout and "up to date" in second.stdout

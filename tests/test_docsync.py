@@ -190,6 +190,17 @@ def test_two_drains_at_once_apply_everything_once(
     summaries = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert sum(s["events_read"] for s in summaries) >= EVENTS
     assert_exact(settings, records, rows)
+    # They really ran at once: each drain's run (opened before it reads, closed after it
+    # applied) began before the other's ended.
+    engine = open_engine(settings.database_url)
+    with engine.connect() as connection:
+        runs = connection.execute(select(docsync_runs).order_by(docsync_runs.c.id)).all()
+    engine.dispose()
+    assert sorted(r.id for r in runs) == sorted(s["run_id"] for s in summaries)
+    assert all(r.finished_at is not None and r.stopped_reason == "caught_up" for r in runs)
+    assert max(r.started_at for r in runs) < min(r.finished_at for r in runs), [
+        (r.started_at, r.finished_at) for r in runs
+    ]
 
 
 def test_kill_9_mid_drain_then_a_second_run(

@@ -11,17 +11,12 @@ from sqlalchemy.exc import OperationalError
 
 from skillstats.contract import StatEvent, make_event
 from skillstats.retry import Backoff
-from skillstats.sinks.apply import (
-    Abandoned,
-    ApplyOutcome,
-    ConsumedRecord,
-    FencedSink,
-    WindowsSink,
-    apply_with_recovery,
-)
+from skillstats.sinks.batch import ApplyOutcome, ConsumedRecord, FencedSink
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.migrate import current_revision, head_revision, upgrade
+from skillstats.sinks.recovery import Abandoned, apply_with_recovery
 from skillstats.sinks.schema import skill_daily_stats
+from skillstats.sinks.windows import WindowsSink
 
 NOW = 1_764_460_800_000
 
@@ -94,7 +89,7 @@ class FlakySink(FencedSink):
     def write(self, connection: object, folded: object, now: object) -> None:
         raise NotImplementedError
 
-    def apply(self, records: object) -> ApplyOutcome:
+    def apply(self, records: object, dlq_marks: object = None) -> ApplyOutcome:
         if self.failures:
             self.failures -= 1
             raise OperationalError("UPDATE ...", {}, Exception("server closed the connection unexpectedly"))

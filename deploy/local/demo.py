@@ -22,10 +22,10 @@ from tqdm import tqdm
 from skillstats.config import Settings
 from skillstats.kafka import end_offsets, ensure_topics
 from skillstats.publisher import Publisher
-from skillstats.sinks.apply import WindowsSink
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.migrate import upgrade
 from skillstats.sinks.schema import skill_daily_stats, skill_hourly_stats
+from skillstats.sinks.windows import WindowsSink
 from skillstats.workload import generate
 
 EVENTS = int(os.environ.get("DEMO_EVENTS", "20000"))

@@ -1,0 +1,180 @@
+"""Applying a batch of consumed records behind the fences (SPEC §5).
+
+A batch is folded into per-key deltas and written together with each
+partition's next offset in ONE transaction, after the fence rows are locked.
+
+The invariant, for ANY sequence of batches a consumer hands over, in any
+order, from any number of writers at once:
+
+    after a transaction commits, partition p's fence is F_p and the counts in
+    SQL are the fold of exactly one copy of every record of p with an offset
+    below F_p that some writer handed over at or above the fence of its time.
+
+So a record is counted at most once, whatever the batches hold: duplicates,
+replays below the fence, one batch holding two spans of a partition (200-299
+and then 100-399 after a rebalance seeks back), offsets in any order. Each
+record at or above the fence counts once (the first copy of its offset) and the
+fence moves to one past the highest offset applied. Offsets the batch skips
+over above the fence are taken as absent (retention deleted them, or they are
+transaction markers) and logged: the consumer side guarantees it never skips a
+record it still holds (pending records of a revoked partition are dropped, and
+the next owner reads again from the committed offset, which is never past the
+fence). tests/test_sink_properties.py checks the invariant against an
+independent model over arbitrary interleavings.
+
+The fold made outside the transaction (while the previous batch commits) is
+used only when the batch is in the common shape: each partition's offsets
+strictly rising and starting at or above its fence. Anything else is re-folded
+inside the transaction from the records that are new.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import msgspec
+from sqlalchemy import Connection
+
+from skillstats.contract import StatEvent
+from skillstats.sinks.fences import DlqMark, PartitionFences
+from skillstats.sinks.upserts import now_utc_naive
+
+log = logging.getLogger(__name__)
+
+
+class ConsumedRecord(msgspec.Struct, frozen=True, gc=False):
+    """One consumed record reduced to what a sink needs.
+
+    `event` is None for a record that counts nothing but must still move the fence
+    past it: an invalid record already parked in the DLQ.
+    """
+
+    partition: int
+    offset: int
+    event: StatEvent | None
+
+
+@dataclass(slots=True)
+class ApplyOutcome:
+    applied: int = 0
+    replayed: int = 0
+    parked: int = 0
+    retries: int = 0
+    next_offsets: dict[int, int] = field(default_factory=dict)
+
+    def merge(self, other: ApplyOutcome) -> None:
+        self.applied += other.applied
+        self.replayed += other.replayed
+        self.parked += other.parked
+        self.retries += other.retries
+        for partition, next_offset in other.next_offsets.items():
+            self.next_offsets[partition] = max(next_offset, self.next_offsets.get(partition, 0))
+
+
+class Prepared(msgspec.Struct, frozen=True):
+    """A batch folded ahead of its transaction."""
+
+    records: Sequence[ConsumedRecord]
+    lowest: dict[int, int]  # partition -> lowest offset in the batch
+    end: dict[int, int]  # partition -> one past the highest offset in the batch
+    rising: bool  # every partition's offsets strictly rising in batch order
+    folded: Any
+
+
+def in_offset_order(records: Sequence[ConsumedRecord]) -> list[ConsumedRecord]:
+    """One copy of each (partition, offset), sorted: the canonical form of a batch, for splitting it."""
+    unique = {(r.partition, r.offset): r for r in reversed(records)}  # the first copy wins
+    return [unique[key] for key in sorted(unique)]
+
+
+class FencedSink(PartitionFences, ABC):
+    """Applies batches of consumed records behind the fences."""
+
+    @abstractmethod
+    def fold(self, events: list[StatEvent]) -> Any:
+        """Reduce events to per-row deltas (no I/O: it may run outside the transaction)."""
+
+    @abstractmethod
+    def write(self, connection: Connection, folded: Any, now: datetime) -> None:
+        """Add what `fold` made to the sink's tables, inside the batch's transaction."""
+
+    def prepare(self, records: Sequence[ConsumedRecord]) -> Prepared:
+        """Fold a batch ahead of its transaction (in another thread, while the previous one commits)."""
+        lowest: dict[int, int] = {}
+        end: dict[int, int] = {}
+        rising = True
+        events: list[StatEvent] = []
+        for record in records:
+            partition, offset = record.partition, record.offset
+            last = end.get(partition)
+            if last is None:
+                lowest[partition] = offset
+                end[partition] = offset + 1
+            elif offset >= last:
+                end[partition] = offset + 1
+            else:
+                rising = False
+                lowest[partition] = min(lowest[partition], offset)
+            if record.event is not None:
+                events.append(record.event)
+        return Prepared(records, lowest, end, rising, self.fold(events) if rising else None)
+
+    def apply(
+        self,
+        batch: Sequence[ConsumedRecord] | Prepared,
+        dlq_marks: Mapping[int, tuple[DlqMark | None, DlqMark]] | None = None,
+    ) -> ApplyOutcome:
+        """Apply one batch in one transaction; a record below its fence, or seen before in the batch, is skipped."""
+        prepared = batch if isinstance(batch, Prepared) else self.prepare(batch)
+        outcome = ApplyOutcome()
+        if not prepared.records and not dlq_marks:
+            return outcome
+        now = now_utc_naive()
+        with self.engine.begin() as connection:
+            locked = self.lock(connection, [*prepared.end, *(dlq_marks or ())], now)
+            fences = {p: row.next_offset for p, row in locked.items()}
+            if prepared.rising and all(low >= fences[p] for p, low in prepared.lowest.items()):
+                # The usual case: nothing in the batch was applied before and nothing
+                # repeats, so the fold made outside the transaction is the one to write.
+                folded = prepared.folded
+                advanced = dict(prepared.end)
+                outcome.applied = len(prepared.records)
+                fresh_lowest = prepared.lowest
+            else:
+                fresh: list[StatEvent] = []
+                seen: set[tuple[int, int]] = set()
+                advanced = {}
+                fresh_lowest = {}
+                for record in prepared.records:
+                    key = (record.partition, record.offset)
+                    if record.offset < fences[record.partition] or key in seen:
+                        outcome.replayed += 1
+                        continue
+                    seen.add(key)
+                    outcome.applied += 1
+                    p = record.partition
+                    advanced[p] = max(advanced.get(p, 0), record.offset + 1)
+                    fresh_lowest[p] = min(fresh_lowest.get(p, record.offset), record.offset)
+                    if record.event is not None:
+                        fresh.append(record.event)
+                folded = self.fold(fresh)
+            for partition, low in fresh_lowest.items():
+                if low > fences[partition]:
+                    log.warning(
+                        "%s partition %d: offsets %d..%d were never handed to %s (deleted by retention, or "
+                        "transaction markers)",
+                        self.topic,
+                        partition,
+                        fences[partition],
+                        low - 1,
+                        self.group_id,
+                    )
+            self.write(connection, folded, now)
+            self.advance(connection, locked, advanced, now, dlq_marks)
+        outcome.next_offsets = {p: max(fences[p], advanced.get(p, 0)) for p in fences}
+        return outcome

@@ -1,0 +1,74 @@
+"""A fence ahead of the log is loud, and `skillstats fences reset` is the explicit way out (SPEC §5)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from skillstats.config import Settings
+from skillstats.workload import generate
+from tests.helpers import WorkerProcess, actual_windows, caught_up, expected_windows, fences, publish, wait_until
+from tests.test_publish import cli
+
+
+def recreate_topic(settings: Settings, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin.delete_topics([settings.topic])[settings.topic].result(30)
+    wait_until(lambda: settings.topic not in admin.list_topics(timeout=10).topics, 60, "the topic to be deleted")
+
+    def created() -> bool:
+        try:
+            admin.create_topics([NewTopic(settings.topic, partitions, 1)])[settings.topic].result(30)
+        except KafkaException:
+            return False
+        return True
+
+    wait_until(created, 60, "the topic to be created again", interval=0.5)
+    wait_until(lambda: settings.topic in admin.list_topics(timeout=10).topics, 60, "the new topic's metadata")
+
+
+def test_windows_refuses_a_fence_ahead_of_the_log_until_reset(settings: Settings, tmp_path: Path) -> None:
+    now = int(time.time() * 1000)
+    first = list(generate(3000, now_ms=now, skills=50, seed=1))
+    assert publish(settings, first) == len(first)
+    worker = WorkerProcess(settings, tmp_path / "a.log")
+    wait_until(caught_up(settings, settings.windows_group, worker), 120, "the first worker to catch up")
+    assert worker.terminate() == 0, worker.log_tail()
+    before = actual_windows(settings)
+    fences_before = fences(settings, settings.windows_group)
+
+    recreate_topic(settings, 12)
+    second = list(generate(300, now_ms=now, skills=50, seed=2))
+    assert publish(settings, second) == len(second)
+
+    # The worker stops by itself, exit 2, naming the partition, its fence and the log end.
+    refused = WorkerProcess(settings, tmp_path / "b.log")
+    code = refused.process.wait(120)
+    log = refused.log_path.read_text(errors="replace")
+    assert code == 2, log[-3000:]
+    assert "past the end of topic" in log and "fence" in log and "log end" in log, log[-3000:]
+    assert actual_windows(settings) == before
+    assert fences(settings, settings.windows_group) == fences_before
+
+    status = cli(settings, "status")
+    assert status.returncode == 0, status.stderr
+    assert "FENCE AHEAD OF LOG" in status.stdout
+
+    dry = cli(settings, "fences", "reset", "--group", settings.windows_group, "--to", "start")
+    assert dry.returncode == 0, dry.stderr
+    assert "AHEAD OF LOG" in dry.stdout and "dry run" in dry.stdout
+    assert fences(settings, settings.windows_group) == fences_before
+    wrong = cli(settings, "fences", "reset", "--group", settings.windows_group, "--to", "start", "--confirm", "yes")
+    assert wrong.returncode == 2 and "RESET_FENCES" in wrong.stderr
+
+    done = cli(
+        settings, "fences", "reset", "--group", settings.windows_group, "--to", "start", "--confirm", "RESET_FENCES"
+    )
+    assert done.returncode == 0, done.stderr
+    worker = WorkerProcess(settings, tmp_path / "c.log")
+    wait_until(caught_up(settings, settings.windows_group, worker), 120, "the worker to count the new topic")
+    assert worker.terminate() == 0, worker.log_tail()
+    assert actual_windows(settings) == expected_windows(first + second)
