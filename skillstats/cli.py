@@ -16,7 +16,7 @@ from typing import TextIO
 import orjson
 
 from skillstats import __version__
-from skillstats.config import Settings
+from skillstats.config import Settings, redact_url
 from skillstats.contract import KINDS, WIRE_VERSION, Invalid, InvalidEvent, StatEvent, from_mapping, make_event
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -309,14 +309,9 @@ def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
 
         before, after = upgrade(open_engine(settings.database_url))
         state = "up to date" if before == after else f"migrated {before or 'empty'} -> {after}"
-        print(f"schema {_redacted(settings.database_url)}: {state}")
+        print(f"schema {redact_url(settings.database_url)}: {state}")
     return EXIT_OK
 
-
-def _redacted(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
 
 
 def cmd_windows(args: argparse.Namespace, settings: Settings) -> int:

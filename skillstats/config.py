@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 # librdkafka names for the security settings, read from SKILLSTATS_KAFKA_<NAME>
@@ -61,9 +61,41 @@ class Settings:
             **{"SKILLSTATS_KAFKA_" + k.replace(".", "_").upper(): v for k, v in self.kafka_security.items()},
         }
 
+    def __repr__(self) -> str:
+        """Secrets masked: a Settings may end up in a log line or a traceback."""
+        shown = []
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.name == "database_url":
+                value = redact_url(value)
+            elif item.name == "kafka_security":
+                value = {k: ("***" if _is_secret(k) else v) for k, v in value.items()}
+            shown.append(f"{item.name}={value!r}")
+        return f"Settings({', '.join(shown)})"
+
+    __str__ = __repr__
+
     def override(self, **changes: Any) -> Settings:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def kafka_config(self, **extra: Any) -> dict[str, Any]:
         """librdkafka configuration shared by every confluent-kafka client of ours."""
         return {"bootstrap.servers": self.kafka_bootstrap, **self.kafka_security, **extra}
+
+
+def redact_url(url: str) -> str:
+    """A database URL with its password replaced by ***.
+
+    Everything between the user name's colon and the LAST "@" is masked, so a
+    password written with a raw "@", ":" or "/" (not percent-encoded) is masked whole.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    userinfo, _at, host = rest.rpartition("@")
+    user, colon, _password = userinfo.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{host}"
+
+
+def _is_secret(key: str) -> bool:
+    return "password" in key or key.endswith(".pem") or "secret" in key

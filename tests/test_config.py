@@ -55,3 +55,22 @@ def test_security_settings_reach_the_faust_worker() -> None:
     assert (credentials.username, credentials.password, credentials.ssl_context) == ("svc", "pw", None)
     assert str(credentials.mechanism.value) == "SCRAM-SHA-512"
     assert isinstance(faust_credentials(Settings(kafka_security={"security.protocol": "SSL"})), faust.SSLCredentials)
+
+
+def test_repr_masks_every_secret() -> None:
+    settings = Settings(
+        database_url="postgresql://worker:pa:ss@w0rd@db.internal:5432/stats",
+        kafka_security={"sasl.username": "svc", "sasl.password": "kafka-s3cret", "ssl.key.password": "k3y-pass"},
+    )
+    for text in (repr(settings), str(settings), f"{settings}", repr([settings])):
+        assert "w0rd" not in text and "pa:ss" not in text
+        assert "kafka-s3cret" not in text and "k3y-pass" not in text
+        assert "worker:***@db.internal" in text and "svc" in text
+
+
+def test_redact_url_masks_unencoded_passwords() -> None:
+    from skillstats.config import redact_url
+
+    assert redact_url("postgresql://u:a/b@c@host/db") == "postgresql://u:***@host/db"
+    assert redact_url("postgresql://u@host/db") == "postgresql://u@host/db"
+    assert redact_url("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"

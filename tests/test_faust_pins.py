@@ -1,0 +1,71 @@
+"""What streams/windows.py relies on in faust-streaming and aiokafka beyond their public API.
+
+faust has no public hook for a batch drain or for clamping commits, and
+aiokafka's isolation level is a constructor argument faust does not expose, so
+the worker overrides a few private members. pyproject.toml pins both packages
+to the minor versions checked here; when an upgrade changes any of these
+facts, this file fails before the worker misbehaves. The behaviour end to end
+is covered by the rebalance, scaling and kill tests on a real broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from importlib.metadata import version
+
+import aiokafka
+from faust.transport import consumer as faust_consumer
+from faust.transport.drivers import aiokafka as aiokafka_driver
+
+from skillstats.streams.windows import FencedConsumer, ReadCommittedConsumerThread, WindowsApp
+
+
+def test_versions_are_the_pinned_ones() -> None:
+    assert version("faust-streaming").startswith("0.15."), version("faust-streaming")
+    assert version("aiokafka").startswith("0.14."), version("aiokafka")
+
+
+def test_overridden_methods_exist_with_the_expected_shape() -> None:
+    base = aiokafka_driver.Consumer
+    for name in ("_drain_messages", "_commit", "_wait_next_records", "_new_consumer_thread"):
+        assert hasattr(base, name), name
+        assert getattr(FencedConsumer, name) is not getattr(base, name) or name == "_wait_next_records"
+    assert inspect.iscoroutinefunction(base._drain_messages)
+    assert inspect.iscoroutinefunction(base._commit)
+    assert list(inspect.signature(base._wait_next_records).parameters) == ["self", "timeout"]
+    assert list(inspect.signature(base._commit).parameters) == ["self", "offsets"]
+    assert hasattr(aiokafka_driver.AIOKafkaConsumerThread, "_create_worker_consumer")
+    assert issubclass(ReadCommittedConsumerThread, aiokafka_driver.AIOKafkaConsumerThread)
+
+
+def test_fetch_returns_records_per_partition_and_the_active_set() -> None:
+    source = inspect.getsource(faust_consumer.Consumer._wait_next_records)
+    assert "return records, active_partitions" in source
+
+
+def test_seeks_reset_the_read_offset_the_drain_filters_on() -> None:
+    # perform_seek (after every assignment) moves _read_offset to the committed
+    # offset, and a revoke forgets it: the drain's floor never hides a re-fetch.
+    assert "read_offset.update" in inspect.getsource(faust_consumer.Consumer.perform_seek)
+    assert "self._read_offset.pop(tp, None)" in inspect.getsource(faust_consumer.Consumer.on_partitions_revoked)
+    resume = inspect.getsource(__import__("faust.tables.recovery", fromlist=["x"]).Recovery._resume_streams)
+    assert resume.index("perform_seek") < resume.index("resume_flow")
+
+
+def test_isolation_level_is_read_when_the_consumer_starts() -> None:
+    async def build() -> str:
+        consumer = aiokafka.AIOKafkaConsumer(bootstrap_servers="127.0.0.1:1")
+        return consumer._isolation_level
+
+    assert asyncio.run(build()) == "read_uncommitted"
+    assert "isolation_level=self._isolation_level" in inspect.getsource(aiokafka.AIOKafkaConsumer.start)
+
+
+def test_rebalance_signals_are_public_and_sent_with_the_partitions() -> None:
+    assert hasattr(WindowsApp, "on_partitions_revoked") and hasattr(WindowsApp, "on_partitions_assigned")
+    from faust.app import base
+
+    source = inspect.getsource(base.App)
+    assert "self.on_partitions_revoked.send)(revoked)" in source
+    assert "self.on_partitions_assigned.send)(assigned)" in source
