@@ -7,6 +7,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,7 +19,7 @@ from sqlalchemy.exc import OperationalError
 from skillstats.config import Settings
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.schema import docsync_runs, skills, user_skill_stats
-from skillstats.streams.docsync import DocSync, DrainBudget
+from skillstats.streams.docsync import DocSync, DrainBudget, DrainSummary
 from skillstats.workload import Record, generate, skill_ids
 from tests.conftest import record_metric, settings_env
 from tests.helpers import publish, wait_until
@@ -177,26 +178,52 @@ def test_budget_then_the_rest(loaded: tuple[Settings, list[Record], dict[str, st
 
 
 def test_two_drains_at_once_apply_everything_once(
-    loaded: tuple[Settings, list[Record], dict[str, str | None]], tmp_path: Path
+    loaded: tuple[Settings, list[Record], dict[str, str | None]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A second drain joins the group while the first is reading: the partitions are split, nothing counts twice.
+
+    Unslowed, one drain reads these 60,000 events in well under a second, before a
+    second process has even joined, and "at once" would be luck. So the first drain
+    runs here, reading at about 0.2 ms a record, and the second (a real process) is
+    started only once the first has read a thousand records.
+    """
+    from skillstats.streams import docsync as docsync_module
+
     settings, records, rows = loaded
-    command = [sys.executable, "-m", "skillstats.cli", "docsync", "--json"]
-    first, second = (
-        subprocess.Popen(command, env=settings_env(settings), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(2)
-    )
-    outputs = [p.communicate(timeout=300) for p in (first, second)]
-    assert first.returncode == 0 and second.returncode == 0, [o[1][-1500:] for o in outputs]
-    summaries = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
-    assert sum(s["events_read"] for s in summaries) >= EVENTS
+    real_decode = docsync_module.decode
+    decoded = [0]
+
+    def slow_decode(key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> object:
+        decoded[0] += 1
+        if decoded[0] % 10 == 0:
+            time.sleep(0.002)
+        return real_decode(key, value, timestamp_ms)
+
+    monkeypatch.setattr(docsync_module, "decode", slow_decode)
+    first: list[DrainSummary] = []
+    reader = threading.Thread(target=lambda: first.append(DocSync(settings).drain()), daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: decoded[0] >= 1000, 60, "the first drain to be reading")
+        read_before = decoded[0]
+        status, [second] = docsync(settings)
+    finally:
+        reader.join(300)
+    assert first and not reader.is_alive()
+    assert status == 0 and second["stopped_reason"] == "caught_up", second
+    assert first[0].stopped_reason == "caught_up", first[0].error
+    # The second drain took partitions the first had been reading (the first drops what it
+    # read from them), so more than EVENTS records were read between the two.
+    assert second["events_read"] > 0
+    assert first[0].events_read + second["events_read"] > EVENTS
+    assert read_before < EVENTS
     assert_exact(settings, records, rows)
-    # They really ran at once: each drain's run (opened before it reads, closed after it
-    # applied) began before the other's ended.
+    # Their runs (each opened before its drain reads, closed after it applied) overlap.
     engine = open_engine(settings.database_url)
     with engine.connect() as connection:
         runs = connection.execute(select(docsync_runs).order_by(docsync_runs.c.id)).all()
     engine.dispose()
-    assert sorted(r.id for r in runs) == sorted(s["run_id"] for s in summaries)
+    assert [r.id for r in runs] == [first[0].run_id, second["run_id"]]
     assert all(r.finished_at is not None and r.stopped_reason == "caught_up" for r in runs)
     assert max(r.started_at for r in runs) < min(r.finished_at for r in runs), [
         (r.started_at, r.finished_at) for r in runs
