@@ -130,7 +130,7 @@ class DocSync:
         except Exception as exc:
             log.exception("docsync drain failed")
             summary.stopped_reason = ERROR
-            summary.error = f"{type(exc).__name__}: {exc}"[:4000]
+            summary.error = f"{type(exc).__name__}: {exc}"[:2000]
         summary.duration_seconds = time.monotonic() - started
         self._close_run(summary)
         return summary
@@ -199,6 +199,9 @@ class DocSync:
                 parts[tp.partition] = PartitionDeltas(tp.partition, start or 0, start or 0)
                 positioned.append(TopicPartition(topic, tp.partition, start if start is not None else OFFSET_BEGINNING))
             c.assign(positioned)
+            # A pause outlives a revocation: a partition this drain finished (and paused)
+            # before a rebalance and gets back after it must be read again from its fence.
+            c.resume(positioned)
             for tp in assignment:
                 # Empty, or already read to the snapshot (a partition added after it has end 0;
                 # a fence past it was moved by a later drain): done now. Its EOF event may

@@ -285,8 +285,12 @@ class FencedConsumer(aiokafka_driver.Consumer):
         return ReadCommittedConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
+        # Only partitions still assigned: a batch that finishes after a rebalance has
+        # nothing to commit for the partitions it lost, and faust's commit of an empty
+        # set raises inside aiokafka and crashes the worker.
         fences: dict[TP, int] = getattr(self.app, "sql_fences", {})
-        clamped = {tp: min(offset, fences[tp]) for tp, offset in offsets.items() if tp in fences}
+        assigned = self.assignment()
+        clamped = {tp: min(offset, fences[tp]) for tp, offset in offsets.items() if tp in fences and tp in assigned}
         if not clamped:
             return False
         return await super()._commit(clamped)
