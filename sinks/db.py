@@ -12,13 +12,13 @@ STATEMENT_TIMEOUT_S = 120
 LOCK_TIMEOUT_S = 60
 
 
-def open_engine(url: str, **kwargs: Any) -> Engine:
+def open_engine(url: str, *, lock_timeout_s: float = LOCK_TIMEOUT_S, **kwargs: Any) -> Engine:
     """An engine for `url`; `postgresql://` means psycopg 3, `sqlite:///path` a local file."""
     parsed = make_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() == "sqlite":
-        return _sqlite_engine(parsed, **kwargs)
+        return _sqlite_engine(parsed, lock_timeout_s, **kwargs)
     if parsed.get_backend_name() != "postgresql":
         raise ValueError(f"unsupported database {parsed.get_backend_name()!r}: use postgresql:// or sqlite:///")
     # Bounded waits, so a hung database becomes an error the retry loop sees (and the
@@ -26,13 +26,13 @@ def open_engine(url: str, **kwargs: Any) -> Engine:
     # one statement, and waiting for a row lock another worker holds.
     connect_args = {
         "connect_timeout": CONNECT_TIMEOUT_S,
-        "options": f"-c statement_timeout={STATEMENT_TIMEOUT_S * 1000} -c lock_timeout={LOCK_TIMEOUT_S * 1000}",
+        "options": f"-c statement_timeout={STATEMENT_TIMEOUT_S * 1000} -c lock_timeout={int(lock_timeout_s * 1000)}",
     }
     return create_engine(parsed, pool_pre_ping=True, connect_args=connect_args, **kwargs)
 
 
-def _sqlite_engine(url: Any, **kwargs: Any) -> Engine:
-    engine = create_engine(url, connect_args={"timeout": LOCK_TIMEOUT_S}, **kwargs)
+def _sqlite_engine(url: Any, lock_timeout_s: float, **kwargs: Any) -> Engine:
+    engine = create_engine(url, connect_args={"timeout": lock_timeout_s}, **kwargs)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:

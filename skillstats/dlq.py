@@ -205,7 +205,8 @@ class DeadLetters:
             while todo:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"reading the DLQ back timed out with {todo} left")
-                for message in self._reader.consume(1000, timeout=0.5):
+                # A short wait: consume() blocks until it has the count asked or the time is up.
+                for message in self._reader.consume(500, timeout=0.02):
                     if message.error() is not None:
                         if message.error().code() == KafkaError._PARTITION_EOF:
                             todo.pop(message.partition(), None)

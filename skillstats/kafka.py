@@ -98,7 +98,9 @@ def end_offsets(settings: Settings, topic: str, timeout: float = 10.0) -> dict[i
 
 def watermarks(settings: Settings, topic: str, timeout: float = 10.0) -> dict[int, tuple[int, int]]:
     """(log start offset, high watermark) of every partition of `topic`."""
-    consumer = Consumer(settings.kafka_config(**{"group.id": "skillstats-offsets-probe", "enable.auto.commit": False}))
+    # read_uncommitted: the high watermark itself, not the last stable offset below an open transaction.
+    probe = {"group.id": "skillstats-offsets-probe", "enable.auto.commit": False, "isolation.level": "read_uncommitted"}
+    consumer = Consumer(settings.kafka_config(**probe))
     try:
         result = {}
         for partition in range(partition_count(settings, topic, timeout)):

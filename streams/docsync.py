@@ -140,11 +140,14 @@ class DocSync:
     def _snapshot(self) -> dict[int, int]:
         """The end offsets this drain reads up to, once no fence is past them (else FenceAheadOfLog).
 
-        The fences are read before the end offsets: a fence only ever moves to an
-        offset that was in the log when it moved, and a high watermark never goes
-        down, so a fence read first can be past an end read after it only if the
-        log is not the one the database counted. (Read the other way round,
-        another drain applying in between could raise a false alarm.)
+        The ends come from a read_committed offset query, so they are the last
+        stable offsets: equal to the high watermarks unless a transaction is open,
+        and never above what this consumer can read. The fences are read first: a
+        fence only ever moves to an offset at or below such an end as it was then,
+        and those never go down, so a fence read first can be past an end read
+        after it only if the log is not the one the database counted. (Read the
+        other way round, another drain applying in between could raise a false
+        alarm.)
         """
         fences = self.sink.fences()
         ends = end_offsets(self.settings, self.settings.topic)

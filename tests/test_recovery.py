@@ -174,3 +174,41 @@ def test_postgres_data_errors_are_data_errors(restricted: tuple[WindowsSink, obj
                 connection.execute(text(statement))
             connection.rollback()
             assert is_data_error(caught.value) is data, statement
+
+
+def test_sqlite_readers_do_not_queue_behind_a_writer(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/w.db"
+    upgrade(open_engine(url))
+    sink = WindowsSink(open_engine(url, lock_timeout_s=1), "g", "t")
+    sink.apply(downloads(0, range(5)))
+    writer = sqlite3.connect(tmp_path / "w.db", isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # a worker in the middle of a batch holds the write lock
+    try:
+        assert sink.fences() == {0: 5}  # would wait for the lock, then fail, with BEGIN IMMEDIATE
+        assert total(sink) == 5
+        with pytest.raises(Exception) as caught:  # a writer still waits (bounded) and is told why
+            sink.apply(downloads(0, range(5, 10)))
+        assert not is_data_error(caught.value)
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    assert sink.apply(downloads(0, range(5, 10))).applied == 5
+
+
+@pytest.mark.postgres
+def test_a_held_fence_lock_times_out_as_a_transient_error(restricted: tuple[WindowsSink, object]) -> None:
+    sink, admin = restricted
+    sink.apply(downloads(0, range(5)))
+    impatient = WindowsSink(
+        open_engine(sink.engine.url.render_as_string(hide_password=False), lock_timeout_s=1), "g", "t"
+    )
+    with admin.connect() as holder:  # type: ignore[attr-defined]
+        holder.execute(text("BEGIN"))
+        holder.execute(text("SELECT * FROM skillstats_partition_fences FOR UPDATE"))
+        with pytest.raises(DBAPIError) as caught:
+            impatient.apply(downloads(0, range(5, 10)))
+        holder.execute(text("ROLLBACK"))
+    assert getattr(caught.value.orig, "sqlstate", None) == "55P03"  # lock_not_available
+    assert not is_data_error(caught.value)
+    assert impatient.apply(downloads(0, range(5, 10))).applied == 5
+    impatient.engine.dispose()
