@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import psycopg
 from sqlalchemy.exc import DBAPIError, StatementError
@@ -32,6 +33,7 @@ from skillstats.sinks.batch import ApplyOutcome, ConsumedRecord, FencedSink, Pre
 from skillstats.sinks.fences import DlqMark
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # SQLite primary result codes that reject a value: SQLITE_TOOBIG, SQLITE_CONSTRAINT, SQLITE_MISMATCH.
 _SQLITE_DATA_CODES = frozenset({18, 19, 20})
@@ -95,6 +97,26 @@ class Health:
                 "recovered after %.1fs degraded (%d retries)", time.monotonic() - self.degraded_since, self.retries
             )
             self.degraded_since = None
+
+
+def retrying(
+    action: Callable[[], T], what: str, health: Health, stop: threading.Event | None, backoff: Backoff | None = None
+) -> T:
+    """Run a database read until it succeeds (capped backoff, degraded meanwhile), or raise Abandoned at stop."""
+    backoff = backoff or Backoff()
+    attempt = 0
+    while True:
+        try:
+            result = action()
+        except Exception as exc:
+            health.failing(exc)
+            log.warning("%s failed, retry %d: %s", what, attempt + 1, describe(exc))
+            if backoff.sleep(attempt, stop):
+                raise Abandoned(f"shutdown while retrying {what}") from exc
+            attempt += 1
+            continue
+        health.ok()
+        return result
 
 
 class Abandoned(RuntimeError):

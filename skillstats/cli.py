@@ -16,7 +16,7 @@ from typing import TextIO
 import orjson
 
 from skillstats import __version__
-from skillstats.config import Settings, redact_url
+from skillstats.config import MaskSecrets, Settings, mask, redact_url
 from skillstats.contract import KINDS, WIRE_VERSION, Invalid, InvalidEvent, StatEvent, from_mapping, make_event
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -419,15 +419,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     settings = _settings(args)
+    secrets = settings.secrets()
+    masking = MaskSecrets(secrets)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(masking)
     try:
         return COMMANDS[args.command](args, settings)
     except UsageError as exc:
-        parser.exit(EXIT_USAGE, f"skillstats {args.command}: {exc}\n")
+        parser.exit(EXIT_USAGE, mask(f"skillstats {args.command}: {exc}\n", secrets))
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
         logging.getLogger("skillstats").debug("failed", exc_info=True)
-        print(f"skillstats {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(mask(f"skillstats {args.command}: {type(exc).__name__}: {exc}", secrets), file=sys.stderr)
         return EXIT_FAILED
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -75,6 +76,12 @@ class Settings:
 
     __str__ = __repr__
 
+    def secrets(self) -> list[str]:
+        """Every secret in these settings, to be masked wherever text reaches a user."""
+        found = [v for k, v in self.kafka_security.items() if _is_secret(k) and v]
+        password = _url_password(self.database_url)
+        return [*found, *([password] if password else [])]
+
     def override(self, **changes: Any) -> Settings:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
@@ -95,6 +102,41 @@ def redact_url(url: str) -> str:
     userinfo, _at, host = rest.rpartition("@")
     user, colon, _password = userinfo.partition(":")
     return f"{scheme}://{user}{':***' if colon else ''}@{host}"
+
+
+def _url_password(url: str) -> str | None:
+    _scheme, sep, rest = url.partition("://")
+    userinfo, at, _host = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return None
+    return userinfo.partition(":")[2] or None
+
+
+def mask(text: str, secrets: list[str]) -> str:
+    """`text` with every secret replaced by ***."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+class MaskSecrets(logging.Filter):
+    """A logging filter that masks the given secrets in every record it passes."""
+
+    def __init__(self, secrets: list[str]) -> None:
+        super().__init__()
+        self.secrets = [s for s in secrets if s]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secrets:
+            message = record.getMessage()
+            masked = mask(message, self.secrets)
+            if record.exc_info and not record.exc_text:
+                record.exc_text = logging.Formatter().formatException(record.exc_info)
+            if record.exc_text:
+                record.exc_text = mask(record.exc_text, self.secrets)
+            if masked != message:
+                record.msg, record.args = masked, None
+        return True
 
 
 def _is_secret(key: str) -> bool:

@@ -168,9 +168,12 @@ class DeadLetters:
                 begin = low if start is None else max(low, start)
                 starts[dlq_partition] = min(starts.get(dlq_partition, begin), begin)
         parked = self._read_parked(starts, ends)
-        fresh = [p for p in parcels if (p.record.partition, p.record.offset) not in parked]
-        if len(fresh) < len(parcels):
-            log.info("%d record(s) were parked before (a replayed batch); not parked again", len(parcels) - len(fresh))
+        unique: dict[tuple[int, int], Parcel] = {}
+        for parcel in parcels:  # a batch may hold a record twice (see sinks/batch.py): park it once
+            unique.setdefault((parcel.record.partition, parcel.record.offset), parcel)
+        fresh = [p for key, p in unique.items() if key not in parked]
+        if len(fresh) < len(unique):
+            log.info("%d record(s) were parked before (a replayed batch); not parked again", len(unique) - len(fresh))
         self._send(fresh, target)
         updates: MarkUpdates = {}
         for q in sources:

@@ -140,9 +140,9 @@ class DocSync:
     def _snapshot(self) -> dict[int, int]:
         """The end offsets this drain reads up to, once no fence is past them (else FenceAheadOfLog).
 
-        The ends come from a read_committed offset query, so they are the last
-        stable offsets: equal to the high watermarks unless a transaction is open,
-        and never above what this consumer can read. The fences are read first: a
+        The ends are the high watermarks; a partition an open transaction holds
+        below its end is finished at the last stable offset by the EOF the consumer
+        reports there (see the module docstring). The fences are read first: a
         fence only ever moves to an offset at or below such an end as it was then,
         and those never go down, so a fence read first can be past an end read
         after it only if the log is not the one the database counted. (Read the

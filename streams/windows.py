@@ -44,7 +44,7 @@ from skillstats.sinks.batch import ApplyOutcome, ConsumedRecord
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.fences import FenceAheadOfLog, check_within_log
 from skillstats.sinks.migrate import require_current
-from skillstats.sinks.recovery import Health, apply_with_recovery
+from skillstats.sinks.recovery import Health, apply_with_recovery, retrying
 from skillstats.sinks.windows import WindowsSink
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class WindowsPipeline:
             # A record below its fence was parked (and acknowledged) before the fence
             # first moved past it; one above may have been parked by a worker that
             # died before its commit: DeadLetters reads the DLQ from the marks.
-            rows = self.sink.rows()
+            rows = retrying(self.sink.rows, "reading the fences", self.health, self.stop)
             stored = {p: row.dlq_mark for p, row in rows.items()}
             parcels = [
                 p

@@ -74,3 +74,44 @@ def test_redact_url_masks_unencoded_passwords() -> None:
     assert redact_url("postgresql://u:a/b@c@host/db") == "postgresql://u:***@host/db"
     assert redact_url("postgresql://u@host/db") == "postgresql://u@host/db"
     assert redact_url("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+
+
+def test_a_failing_command_never_prints_a_secret() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SKILLSTATS_DATABASE_URL": "postgresql://u:Sup3r-Secret@[bad-host/db"}
+    env["SKILLSTATS_KAFKA_SASL_PASSWORD"] = "kafka-Secret-9"
+    result = subprocess.run(
+        [sys.executable, "-m", "skillstats.cli", "init", "--skip-topics", "-vv"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    output = result.stdout + result.stderr
+    assert "Traceback" in output  # -vv logs the traceback: it is masked too
+    assert "Sup3r-Secret" not in output and "kafka-Secret-9" not in output, output[-2000:]
+
+
+def test_log_records_and_their_tracebacks_are_masked() -> None:
+    import logging
+
+    from skillstats.config import MaskSecrets
+
+    settings = Settings(database_url="postgresql://u:pw-123@h/db", kafka_security={"sasl.password": "k-456"})
+    try:
+        raise RuntimeError("connect to postgresql://u:pw-123@h/db with k-456 failed")
+    except RuntimeError:
+        record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed: %s", ("k-456",), exc_info=sys_exc_info())
+    assert MaskSecrets(settings.secrets()).filter(record)
+    text = logging.Formatter().format(record)
+    assert "pw-123" not in text and "k-456" not in text and "failed: ***" in text
+
+
+def sys_exc_info() -> object:
+    import sys
+
+    return sys.exc_info()
