@@ -189,7 +189,7 @@ def test_open_transaction_does_not_hold_the_drain(settings: Settings) -> None:
     in_transaction(producer, settings.topic, before, commit=True)
     in_transaction(producer, settings.topic, pending, commit=None)  # read_committed stops below these
     written = high_watermarks(settings)
-    stable = end_offsets(settings, settings.topic)  # a read_committed ListOffsets: the last stable offsets
+    stable = high_watermarks(settings, "read_committed")  # a read_committed ListOffsets: the last stable offsets
     assert any(stable[p] < end for p, end in written.items()), "the open transaction is on no partition"
 
     status, [summary] = docsync(settings, "--max-seconds", "120")
@@ -207,11 +207,9 @@ def test_open_transaction_does_not_hold_the_drain(settings: Settings) -> None:
     assert_fences_at_ends(settings)
 
 
-def high_watermarks(settings: Settings) -> dict[int, int]:
-    """Each partition's high watermark, open transactions included (a read_uncommitted view)."""
-    consumer = Consumer(
-        settings.kafka_config(**{"group.id": "tests-watermarks", "isolation.level": "read_uncommitted"})
-    )
+def high_watermarks(settings: Settings, isolation: str = "read_uncommitted") -> dict[int, int]:
+    """Each partition's high watermark, open transactions included (read_committed: the last stable offsets)."""
+    consumer = Consumer(settings.kafka_config(**{"group.id": "tests-watermarks", "isolation.level": isolation}))
     try:
         return {
             p: consumer.get_watermark_offsets(TopicPartition(settings.topic, p), timeout=10)[1]
