@@ -160,15 +160,25 @@ class PartitionFences:
                 marked,
             )
 
-    def reset(self, targets: Mapping[int, int], now: datetime) -> None:
-        """Set fences outright (an operator's explicit choice, see `skillstats fences reset`); clears DLQ marks."""
+    def reset(self, targets: Mapping[int, int], dlq_marks: Mapping[int, DlqMark], now: datetime) -> None:
+        """Set fences outright (an operator's explicit choice, see `skillstats fences reset`).
+
+        The DLQ marks move to the DLQ's current end: parcels already there belong to
+        the records before the reset (a recreated topic reuses their offsets), and
+        must not pass for parcels of the records to come.
+        """
         with self.engine.begin() as connection:
             self.lock(connection, targets, now)
             connection.execute(
                 update(partition_fences)
                 .where(self._mine(), partition_fences.c.partition == bindparam("p"))
-                .values(next_offset=bindparam("n"), dlq_partition=None, dlq_next_offset=None, updated_at=now),
-                [{"p": p, "n": n} for p, n in sorted(targets.items())],
+                .values(
+                    next_offset=bindparam("n"),
+                    dlq_partition=bindparam("dp"),
+                    dlq_next_offset=bindparam("do"),
+                    updated_at=now,
+                ),
+                [{"p": p, "n": n, "dp": dlq_marks[p][0], "do": dlq_marks[p][1]} for p, n in sorted(targets.items())],
             )
 
 

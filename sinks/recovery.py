@@ -178,6 +178,9 @@ def apply_with_recovery(
                 attempt += 1
                 continue
             health.ok()
+            # The batch's DLQ marks assume its fences reach the batch end; a half may
+            # not, so they are not stored (the lower marks already stored stay: safe).
+            marks = None
             ordered = in_offset_order(items)
             if len(ordered) == 1:
                 record = ordered[0]

@@ -313,7 +313,6 @@ def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-
 def cmd_windows(args: argparse.Namespace, settings: Settings) -> int:
     from skillstats.streams.windows import run
 
@@ -388,8 +387,15 @@ def cmd_fences(args: argparse.Namespace, settings: Settings) -> int:
             raise UsageError(f"the confirmation token is {RESET_TOKEN}")
         print(f"dry run: nothing changed; add --confirm {RESET_TOKEN} to reset")
         return EXIT_OK
+    from skillstats.dlq import DeadLetters
+
     commit_offsets(settings, args.group, settings.topic, targets)
-    PartitionFences(engine, args.group, settings.topic).reset(targets, now_utc_naive())
+    dead_letters = DeadLetters(settings, args.group)
+    try:
+        marks = dead_letters.end_marks(sorted(targets))
+    finally:
+        dead_letters.close()
+    PartitionFences(engine, args.group, settings.topic).reset(targets, marks, now_utc_naive())
     print(f"reset {len(targets)} fence(s) of group {args.group} and its committed offsets")
     return EXIT_OK
 

@@ -37,6 +37,7 @@ from skillstats.kafka import Headers, RawRecord
 from skillstats.publisher import producer_config
 from skillstats.retry import Backoff
 from skillstats.sinks.fences import DlqMark
+from skillstats.sinks.recovery import Abandoned, Health
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,6 @@ class DeadLetters:
                 }
             )
         )
-        self._partitions: int | None = None
         self._backoff = Backoff(base=0.5)
 
     def park(
@@ -127,39 +127,52 @@ class DeadLetters:
         marks: Mapping[int, DlqMark | None],
         batch_end: Mapping[int, int],
         stop: threading.Event | None = None,
+        health: Health | None = None,
     ) -> MarkUpdates:
         """Park the parcels not parked already; returns the DLQ marks to store with the fences.
 
         `marks` holds the stored mark of each source partition (None: never parked);
         `batch_end` one past the highest offset of each partition in the batch.
-        A broker outage is retried (capped backoff) until it ends or `stop` is set.
+        A broker outage is retried (capped backoff, `health` degraded meanwhile)
+        until it ends or `stop` is set.
         """
         if not parcels:
             return {}
         attempt = 0
         while True:
             try:
-                return self._park_once(parcels, marks, batch_end)
+                updates = self._park_once(parcels, marks, batch_end, stop)
             except (KafkaException, RuntimeError) as exc:
+                if health is not None:
+                    health.failing(exc)
                 log.warning("could not park %d record(s) in the DLQ, retry %d: %s", len(parcels), attempt + 1, exc)
                 if self._backoff.sleep(attempt, stop):
                     raise
                 attempt += 1
-                self._partitions = None
+                continue
+            if health is not None:
+                health.ok()
+            return updates
 
     def _park_once(
-        self, parcels: Sequence[Parcel], marks: Mapping[int, DlqMark | None], batch_end: Mapping[int, int]
+        self,
+        parcels: Sequence[Parcel],
+        marks: Mapping[int, DlqMark | None],
+        batch_end: Mapping[int, int],
+        stop: threading.Event | None,
     ) -> MarkUpdates:
+        # Asked every time (a metadata request, only for batches that park): a worker
+        # must not target a partition another sees differently after the DLQ grew.
         count = self._partition_count()
         sources = sorted({p.record.partition for p in parcels})
         target = {q: q % count for q in sources}
         ends: dict[int, int] = {}
         starts: dict[int, int] = {}
         for q in sources:
-            wanted = [(target[q], None)]
+            wanted: list[tuple[int, int | None]] = [(target[q], None)]
             mark = marks.get(q)
-            if mark is not None:
-                wanted = [(target[q], mark[1])] if mark[0] == target[q] else [(target[q], None), (mark[0], mark[1])]
+            if mark is not None and mark[0] < count:  # a mark on a partition that no longer exists is no mark
+                wanted = [(target[q], mark[1])] if mark[0] == target[q] else [(target[q], None), mark]
             for dlq_partition, start in wanted:
                 low, high = self._reader.get_watermark_offsets(
                     TopicPartition(self.topic, dlq_partition), timeout=self.timeout
@@ -174,25 +187,32 @@ class DeadLetters:
         fresh = [p for key, p in unique.items() if key not in parked]
         if len(fresh) < len(unique):
             log.info("%d record(s) were parked before (a replayed batch); not parked again", len(unique) - len(fresh))
-        self._send(fresh, target)
+        self._send(fresh, target, stop)
         updates: MarkUpdates = {}
         for q in sources:
             d = target[q]
-            above = [
-                at
-                for (source, offset), (part, at) in parked.items()
-                if source == q and part == d and offset >= batch_end[q]
-            ]
-            updates[q] = (marks.get(q), (d, min([ends[d], *above])))
+            # Parcels of records at or above the batch end belong to another writer's
+            # range (a rebalance): the new mark must stay at or below them.
+            above = [where for (source, offset), where in parked.items() if source == q and offset >= batch_end[q]]
+            updates[q] = (marks.get(q), (d, min([ends[d], *[at for part, at in above if part == d]])))
+            if any(part != d for part, _at in above):
+                updates[q] = (marks.get(q), marks.get(q) or (d, 0))  # keep the old mark: always safe
         return updates
 
+    def end_marks(self, partitions: Sequence[int]) -> dict[int, DlqMark]:
+        """For each source partition, a mark at the current end of its DLQ partition (after a fence reset)."""
+        count = self._partition_count()
+        result = {}
+        for q in partitions:
+            _low, high = self._reader.get_watermark_offsets(TopicPartition(self.topic, q % count), timeout=self.timeout)
+            result[q] = (q % count, high)
+        return result
+
     def _partition_count(self) -> int:
-        if self._partitions is None:
-            metadata = self._reader.list_topics(self.topic, timeout=self.timeout).topics.get(self.topic)
-            if metadata is None or metadata.error is not None or not metadata.partitions:
-                raise RuntimeError(f"DLQ topic {self.topic!r} does not exist; run 'skillstats init'")
-            self._partitions = len(metadata.partitions)
-        return self._partitions
+        metadata = self._reader.list_topics(self.topic, timeout=self.timeout).topics.get(self.topic)
+        if metadata is None or metadata.error is not None or not metadata.partitions:
+            raise RuntimeError(f"DLQ topic {self.topic!r} does not exist; run 'skillstats init'")
+        return len(metadata.partitions)
 
     def _read_parked(
         self, starts: Mapping[int, int], ends: Mapping[int, int]
@@ -203,11 +223,13 @@ class DeadLetters:
         if not todo:
             return found
         self._reader.assign([TopicPartition(self.topic, d, starts[d]) for d in todo])
+        # A deadline on progress, not on the whole read: a long read that keeps
+        # moving finishes, a stuck one fails (and is retried) after `timeout`.
         deadline = time.monotonic() + self.timeout
         try:
             while todo:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"reading the DLQ back timed out with {todo} left")
+                    raise RuntimeError(f"reading the DLQ back made no progress for {self.timeout:g}s; left: {todo}")
                 # A short wait: consume() blocks until it has the count asked or the time is up.
                 for message in self._reader.consume(500, timeout=0.02):
                     if message.error() is not None:
@@ -216,6 +238,7 @@ class DeadLetters:
                             continue
                         raise KafkaException(message.error())
                     d, at = message.partition(), message.offset()
+                    deadline = time.monotonic() + self.timeout
                     headers = dict(message.headers() or [])
                     if (
                         headers.get(H_GROUP) == self.group.encode()
@@ -229,7 +252,7 @@ class DeadLetters:
             self._reader.unassign()
         return found
 
-    def _send(self, parcels: Sequence[Parcel], target: Mapping[int, int]) -> None:
+    def _send(self, parcels: Sequence[Parcel], target: Mapping[int, int], stop: threading.Event | None) -> None:
         """Produce and wait for every acknowledgement; a parcel refused as too large is cut and sent again."""
         todo = list(parcels)
         limit = self.limit
@@ -273,9 +296,14 @@ class DeadLetters:
                         break
                     except BufferError:
                         self._producer.poll(0.05)
-            remaining = self._producer.flush(self.timeout)
-            if remaining:
-                raise RuntimeError(f"{remaining} DLQ record(s) not acknowledged within {self.timeout:g}s")
+            # Until every delivery report is in, however long the broker is away: raising
+            # with parcels still queued would read the DLQ back before they land and
+            # send them twice. librdkafka fails a parcel it could not deliver within
+            # message.timeout.ms (5 minutes), and that error is retried from the top.
+            while remaining := self._producer.flush(self.timeout):
+                log.warning("%d DLQ record(s) not acknowledged yet; waiting for the broker", remaining)
+                if stop is not None and stop.is_set():
+                    raise Abandoned(f"shutdown with {remaining} DLQ record(s) unacknowledged")
             if errors:
                 raise RuntimeError(f"DLQ refused record(s): {'; '.join(errors[:5])}")
             if refused and limit <= _SMALLEST_LIMIT:

@@ -40,6 +40,7 @@ from skillstats.config import Settings
 from skillstats.contract import Invalid, decode
 from skillstats.dlq import REJECTED_BY_DATABASE, DeadLetters, MarkUpdates, Parcel
 from skillstats.kafka import RawRecord, end_offsets
+from skillstats.retry import Backoff
 from skillstats.sinks.batch import ApplyOutcome, ConsumedRecord
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.fences import FenceAheadOfLog, check_within_log
@@ -94,7 +95,6 @@ class WindowsPipeline:
     def process(self, raws: Sequence[FetchedRecord]) -> ApplyOutcome:
         records, parcels = decode_batch(raws)
         marks: MarkUpdates = {}
-        stored: dict[int, Any] = {}
         if parcels:
             # A record below its fence was parked (and acknowledged) before the fence
             # first moved past it; one above may have been parked by a worker that
@@ -106,12 +106,16 @@ class WindowsPipeline:
                 for p in parcels
                 if p.record.offset >= (rows[p.record.partition].next_offset if p.record.partition in rows else 0)
             ]
-            marks = self.dead_letters.park(parcels, stored, _batch_end(records), self.stop)
+            marks = self.dead_letters.park(parcels, stored, _batch_end(records), self.stop, self.health)
 
         def park_rejected(record: ConsumedRecord, exc: BaseException) -> MarkUpdates:
             raw = next(r for r in raws if (r.partition, r.offset) == (record.partition, record.offset))
             parcel = Parcel(RawRecord(raw.partition, raw.offset, raw.key, raw.value), REJECTED_BY_DATABASE, str(exc))
-            return self.dead_letters.park([parcel], stored, {record.partition: record.offset + 1}, self.stop)
+            rows = retrying(self.sink.rows, "reading the fences", self.health, self.stop)
+            current = {p: row.dlq_mark for p, row in rows.items()}
+            return self.dead_letters.park(
+                [parcel], current, {record.partition: record.offset + 1}, self.stop, self.health
+            )
 
         outcome = apply_with_recovery(
             self.sink, records, park_rejected, stop=self.stop, health=self.health, dlq_marks=marks
@@ -198,6 +202,11 @@ class BatchSink:
             await self._finish_in_flight()
         if self.in_flight is None and self.pending_count:
             self._start()
+
+    async def settle(self, timeout: float) -> None:
+        """Wait (at most `timeout` s) for the batch in the database; it is checkpointed as usual later."""
+        if self.in_flight is not None and not self.in_flight.done():
+            await asyncio.wait({self.in_flight}, timeout=timeout)
 
     def drop(self, partitions: set[int]) -> int:
         """Forget what is pending for revoked partitions; returns how many records were dropped."""
@@ -300,8 +309,14 @@ class FencedConsumer(aiokafka_driver.Consumer):
         read_offsets = self._read_offset
         try:
             while not (self.should_stop or fetcher.should_stop):
+                generation = self.app.consumer_generation_id
                 records, active = await self._wait_next_records(timeout=0.2)
-                if not records or self.should_stop or not self.flow_active:
+                if (
+                    not records
+                    or self.should_stop
+                    or not self.flow_active
+                    or generation != self.app.consumer_generation_id
+                ):
                     # Paused for a rebalance: what was fetched is dropped here and
                     # fetched again after faust seeks the new assignment to the
                     # committed offsets (never past the fences).
@@ -426,6 +441,9 @@ def build_app(
 
     @app.on_partitions_revoked.connect
     async def drop_revoked(_app: Any, revoked: set[TP], **_: Any) -> None:
+        # Let the batch in the database finish first (bounded): the next owner then
+        # starts after it committed, instead of both parking the same invalid records.
+        await app.batch_sink.settle(shutdown_budget)
         dropped = app.batch_sink.drop({tp.partition for tp in revoked if tp.topic == settings.topic})
         if dropped:
             log.info("rebalance: dropped %d fetched, unapplied record(s) of revoked partitions", dropped)
@@ -442,12 +460,18 @@ def build_app(
 async def check_assigned_fences(app: WindowsApp, sink: WindowsSink, settings: Settings, partitions: set[int]) -> None:
     """Stop the worker (exit 2, a clear message) if an assigned partition's fence is past its log end."""
     loop = asyncio.get_running_loop()
-    try:
-        ends = await loop.run_in_executor(None, end_offsets, settings, settings.topic)
-        fences = await loop.run_in_executor(None, sink.fences)
-    except Exception as exc:  # a broker or database blip: the batches retry; check at the next rebalance
-        log.warning("could not compare fences with the log ends: %s", exc)
-        return
+    for attempt in range(6):
+        try:
+            fences = await loop.run_in_executor(None, sink.fences)
+            ends = await loop.run_in_executor(None, end_offsets, settings, settings.topic)
+            break
+        except Exception as exc:
+            # Not knowing is not a pass: after a few tries the worker stops (and is
+            # restarted) rather than risk skipping a recreated topic's records.
+            log.warning("could not compare fences with the log ends (try %d): %s", attempt + 1, exc)
+            if attempt == 5:
+                raise
+            await asyncio.sleep(Backoff().delay(attempt))
     try:
         check_within_log(sink.group_id, sink.topic, {p: f for p, f in fences.items() if p in partitions}, ends)
     except FenceAheadOfLog as exc:
