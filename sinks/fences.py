@@ -63,6 +63,14 @@ def check_within_log(group: str, topic: str, fences: Mapping[int, int], ends: Ma
         raise FenceAheadOfLog(group, topic, ahead)
 
 
+_FENCE_COLUMNS = select(
+    partition_fences.c.partition,
+    partition_fences.c.next_offset,
+    partition_fences.c.dlq_partition,
+    partition_fences.c.dlq_next_offset,
+)
+
+
 class PartitionFences:
     """One consumer group's per-partition fences on one topic, in SQL."""
 
@@ -77,14 +85,7 @@ class PartitionFences:
 
     def rows(self) -> dict[int, FenceRow]:
         with self.engine.connect() as connection:
-            found = connection.execute(
-                select(
-                    partition_fences.c.partition,
-                    partition_fences.c.next_offset,
-                    partition_fences.c.dlq_partition,
-                    partition_fences.c.dlq_next_offset,
-                ).where(self._mine())
-            )
+            found = connection.execute(_FENCE_COLUMNS.where(self._mine()))
             return {p: _row(n, dp, do) for p, n, dp, do in found}
 
     def _mine(self) -> Any:
@@ -104,13 +105,7 @@ class PartitionFences:
             ],
         )
         found = connection.execute(
-            select(
-                partition_fences.c.partition,
-                partition_fences.c.next_offset,
-                partition_fences.c.dlq_partition,
-                partition_fences.c.dlq_next_offset,
-            )
-            .where(self._mine(), partition_fences.c.partition.in_(wanted))
+            _FENCE_COLUMNS.where(self._mine(), partition_fences.c.partition.in_(wanted))
             .order_by(partition_fences.c.partition)
             .with_for_update()
         )
