@@ -10,6 +10,7 @@ runs several times per database, each on its own topic and group.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections import Counter
@@ -37,11 +38,11 @@ from tests.helpers import (
     wait_until,
 )
 
-ROUNDS = 3
+ROUNDS = int(os.environ.get("SKILLSTATS_TEST_SCALE_ROUNDS", "3"))
 EVENTS = 60_000
 # Small fetches and transactions: the backlog drains slowly enough that every
 # membership change lands while batches are fetched, pending and in flight.
-SLOW = ("--fetch-size", "100", "--batch-size", "300", "--log-level", "info")
+SLOW = ("--fetch-size", "20", "--batch-size", "60", "--log-level", "info")
 
 
 def empty_windows_tables(settings: Settings) -> None:
