@@ -17,7 +17,7 @@ import orjson
 
 from skillstats import __version__
 from skillstats.config import MaskSecrets, Settings, mask, redact_url
-from skillstats.contract import KINDS, WIRE_VERSION, Invalid, InvalidEvent, StatEvent, from_mapping, make_event
+from skillstats.contract import EFFECTS, KINDS, WIRE_VERSION, Invalid, InvalidEvent, StatEvent, from_mapping, make_event
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -150,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
         "status 0 unless the drain failed. With --every, drain on that cadence until SIGTERM.",
     )
     docsync.add_argument("--group", help="consumer group id [SKILLSTATS_DOCSYNC_GROUP] (default skillstats-docsync)")
-    docsync.add_argument("--every", metavar="INTERVAL", help="drain repeatedly, e.g. 6h, 30m (default: once)")
+    docsync.add_argument(
+        "--every", metavar="INTERVAL", help="drain repeatedly; a number with a unit: 30s, 15m, 6h, 1d (default: once)"
+    )
     docsync.add_argument("--max-events", type=_positive, help="stop reading after this many records")
     docsync.add_argument("--max-seconds", type=float, help="stop reading after this many seconds")
     docsync.add_argument(
@@ -262,6 +264,12 @@ def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:
     else:
         if not (args.skill_id and args.kind):
             raise UsageError("give --skill-id and --kind for one event, or --file for many")
+        has_delta = args.delta_all_time is not None or args.delta_current is not None
+        if has_delta and args.kind in EFFECTS and not EFFECTS[args.kind].uses_delta:
+            raise UsageError(
+                f"--delta-all-time/--delta-current apply to install_clear only; a {args.kind} event carries no "
+                f"delta (it would be dropped)"
+            )
         try:
             events = [
                 make_event(

@@ -374,15 +374,18 @@ class DocSync:
 
 
 def parse_interval(text: str) -> float:
-    """'6h', '30m', '45s', '1d' or plain seconds."""
+    """'30s', '15m', '6h' or '1d' in seconds. A unit is required: a bare '6' meant six
+    seconds to the code and six hours to the person who typed it."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    text = text.strip().lower()
+    cleaned = text.strip().lower()
+    if cleaned[-1:] not in units:
+        raise ValueError(f"give the interval with a unit: {text!r} is not one of e.g. 30s, 15m, 6h, 1d")
     try:
-        value = float(text[:-1]) * units[text[-1]] if text[-1:] in units else float(text)
+        value = float(cleaned[:-1]) * units[cleaned[-1]]
     except ValueError as exc:
-        raise ValueError(f"not an interval: {text!r} (e.g. 6h, 30m, 90s)") from exc
-    if value <= 0:
-        raise ValueError("the interval must be positive")
+        raise ValueError(f"not an interval: {text!r} (e.g. 30s, 15m, 6h, 1d)") from exc
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"the interval must be positive and finite: {text!r}")
     return value
 
 
