@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -18,6 +19,13 @@ def open_engine(url: str, *, lock_timeout_s: float = LOCK_TIMEOUT_S, **kwargs: A
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() == "sqlite":
+        path = sqlite_path(url)
+        if path is not None and not path.parent.is_dir():
+            raise ValueError(
+                f"cannot open the SQLite database {path}: the directory {path.parent} does not exist "
+                f"(sqlite:///relative/path.db is relative to the current directory; an absolute path takes four "
+                f"slashes: sqlite:////var/lib/skillstats/stats.db)"
+            )
         return _sqlite_engine(parsed, lock_timeout_s, **kwargs)
     if parsed.get_backend_name() != "postgresql":
         raise ValueError(f"unsupported database {parsed.get_backend_name()!r}: use postgresql:// or sqlite:///")
@@ -29,6 +37,14 @@ def open_engine(url: str, *, lock_timeout_s: float = LOCK_TIMEOUT_S, **kwargs: A
         "options": f"-c statement_timeout={STATEMENT_TIMEOUT_S * 1000} -c lock_timeout={int(lock_timeout_s * 1000)}",
     }
     return create_engine(parsed, pool_pre_ping=True, connect_args=connect_args, **kwargs)
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The absolute file a sqlite:/// URL names (None for another database or an in-memory one)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database).resolve()
 
 
 def _sqlite_engine(url: Any, lock_timeout_s: float, **kwargs: Any) -> Engine:

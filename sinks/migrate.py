@@ -10,6 +10,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
+from skillstats.sinks.db import sqlite_path
+
 # Our own version table: the registry that owns `skills` may run Alembic too.
 VERSION_TABLE = "skillstats_schema_version"
 _SCRIPTS = Path(__file__).with_name("migrations")
@@ -47,7 +49,14 @@ class SchemaOutdated(RuntimeError):
 
 
 def require_current(engine: Engine) -> None:
-    """Fail early, with the fix in the message, rather than on the first missing table."""
+    """Fail early, with the fix in the message, rather than on the first missing table.
+
+    A SQLite file that does not exist is not created here (connecting would leave
+    an empty one behind): only `skillstats init` creates the database.
+    """
+    path = sqlite_path(engine.url.render_as_string(hide_password=False))
+    if path is not None and not path.exists():
+        raise SchemaOutdated(f"there is no database at {path}: run 'skillstats init' first (it creates it)")
     current, head = current_revision(engine), head_revision()
     if current != head:
         raise SchemaOutdated(

@@ -30,7 +30,12 @@ def _common_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("connection (flags override the SKILLSTATS_* environment)")
     group.add_argument("--bootstrap", metavar="HOST:PORT", help="Kafka bootstrap servers [SKILLSTATS_KAFKA_BOOTSTRAP]")
-    group.add_argument("--database-url", metavar="URL", help="SQLAlchemy URL [SKILLSTATS_DATABASE_URL]")
+    group.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="postgresql://user:pass@host/db, or sqlite:////abs/path.db (four slashes; three make the path "
+        "relative) [SKILLSTATS_DATABASE_URL]",
+    )
     group.add_argument("--topic", help="stat events topic [SKILLSTATS_TOPIC]")
     group.add_argument("--dlq-topic", help="dead-letter topic [SKILLSTATS_DLQ_TOPIC]")
     group.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
@@ -297,6 +302,14 @@ def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
+    # The database first: a wrong URL must not leave topics created behind a failed init.
+    if not args.skip_schema:
+        from skillstats.sinks.db import open_engine
+        from skillstats.sinks.migrate import upgrade
+
+        before, after = upgrade(open_engine(settings.database_url))
+        state = "up to date" if before == after else f"migrated {before or 'empty'} -> {after}"
+        print(f"schema {redact_url(settings.database_url)}: {state}")
     if not args.skip_topics:
         from skillstats.dlq import DLQ_TOPIC_CONFIG
         from skillstats.kafka import ensure_topics
@@ -311,13 +324,6 @@ def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
         for report in reports:
             state = "created" if report.created else "exists"
             print(f"topic {report.name}: {state}, {report.partitions} partitions")
-    if not args.skip_schema:
-        from skillstats.sinks.db import open_engine
-        from skillstats.sinks.migrate import upgrade
-
-        before, after = upgrade(open_engine(settings.database_url))
-        state = "up to date" if before == after else f"migrated {before or 'empty'} -> {after}"
-        print(f"schema {redact_url(settings.database_url)}: {state}")
     return EXIT_OK
 
 

@@ -39,3 +39,41 @@ def test_a_delta_on_a_kind_without_one_is_refused(kind: str) -> None:
     result = run_cli("publish", "--skill-id", "sk_1", "--kind", kind, "--delta-all-time", "5")
     assert result.returncode == 2
     assert "install_clear only" in result.stderr and kind in result.stderr
+
+
+def test_commands_before_init_leave_no_database_file_behind(tmp_path: object) -> None:
+    path = f"{tmp_path}/never.db"
+    for command in ("status", "docsync", "windows"):
+        result = subprocess.run(
+            [sys.executable, "-m", "skillstats.cli", command],
+            env={
+                **os.environ,
+                "SKILLSTATS_DATABASE_URL": f"sqlite:///{path}",
+                "SKILLSTATS_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+            },
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        assert result.returncode != 0, command
+        assert f"there is no database at {path}" in result.stderr and "skillstats init" in result.stderr, result.stderr
+        assert not os.path.exists(path), command
+
+
+def test_a_sqlite_path_in_a_missing_directory_is_named_and_nothing_is_created(tmp_path: object) -> None:
+    # Three slashes: relative to the working directory, as a newcomer typing sqlite:///tmp/x.db finds out.
+    result = subprocess.run(
+        [sys.executable, "-m", "skillstats.cli", "init", "--timeout", "2"],
+        env={
+            **os.environ,
+            "SKILLSTATS_DATABASE_URL": "sqlite:///tmp/x.db",
+            "SKILLSTATS_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+        },
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert result.returncode == 1
+    assert f"{tmp_path}/tmp/x.db" in result.stderr and "four slashes" in result.stderr, result.stderr
+    assert "topic" not in result.stdout  # the database is checked before any topic is created
