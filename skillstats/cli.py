@@ -16,7 +16,7 @@ from typing import TextIO
 import orjson
 
 from skillstats import __version__
-from skillstats.config import MaskSecrets, Settings, mask, redact_url
+from skillstats.config import LIBRDKAFKA_LOG, MaskSecrets, Settings, mask, redact_url
 from skillstats.contract import EFFECTS, KINDS, WIRE_VERSION, Invalid, InvalidEvent, StatEvent, from_mapping, make_event
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -289,6 +289,9 @@ def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:
             ]
         except InvalidEvent as exc:
             raise UsageError(str(exc)) from exc
+    from skillstats.kafka import partition_count
+
+    partition_count(settings, settings.topic)  # a missing topic or an unreachable broker, said at once
     progress = _progress(len(events), sys.stderr)
     with Publisher(settings, flush_timeout=args.timeout) as publisher:
         for index, event in enumerate(events, start=1):
@@ -438,6 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)],
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    LIBRDKAFKA_LOG.setLevel(logging.CRITICAL if args.verbose == 0 else logging.DEBUG)
     settings = _settings(args)
     secrets = settings.secrets()
     masking = MaskSecrets(secrets)

@@ -7,6 +7,10 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+# librdkafka's own log lines (connection failures by the hundred while a broker is
+# away) go through Python logging under this name; the CLI shows them only with -v.
+LIBRDKAFKA_LOG = logging.getLogger("skillstats.librdkafka")
+
 # librdkafka names for the security settings, read from SKILLSTATS_KAFKA_<NAME>
 # (dots as underscores), e.g. SKILLSTATS_KAFKA_SASL_USERNAME.
 _KAFKA_SECURITY_KEYS = (
@@ -87,7 +91,7 @@ class Settings:
 
     def kafka_config(self, **extra: Any) -> dict[str, Any]:
         """librdkafka configuration shared by every confluent-kafka client of ours."""
-        return {"bootstrap.servers": self.kafka_bootstrap, **self.kafka_security, **extra}
+        return {"bootstrap.servers": self.kafka_bootstrap, "logger": LIBRDKAFKA_LOG, **self.kafka_security, **extra}
 
 
 def redact_url(url: str) -> str:

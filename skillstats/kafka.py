@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -47,8 +48,8 @@ def ensure_topics(
     partitions would move keys to new partitions and break per-skill ordering, so
     that is an operator's decision, reported here rather than made.
     """
+    existing = list_topic_names(settings, min(timeout, 10.0))
     admin = AdminClient(settings.kafka_config())
-    existing = admin.list_topics(timeout=timeout).topics
     missing = [
         NewTopic(
             name,
@@ -83,9 +84,29 @@ def ensure_topics(
     return reports
 
 
-def partition_count(settings: Settings, topic: str, timeout: float = 10.0) -> int:
+class KafkaUnreachable(ConnectionError):
+    """No broker answered at the bootstrap address in time."""
+
+    def __init__(self, settings: Settings, timeout: float, cause: BaseException) -> None:
+        super().__init__(
+            f"cannot reach Kafka at {settings.kafka_bootstrap} within {timeout:g}s: check the address "
+            f"(--bootstrap or SKILLSTATS_KAFKA_BOOTSTRAP), that the broker is up and reachable from here, and the "
+            f"security settings ({cause})"
+        )
+
+
+def list_topic_names(settings: Settings, timeout: float = 10.0) -> dict[str, Any]:
+    """The cluster's topics (name -> metadata); KafkaUnreachable when no broker answers within `timeout`."""
     admin = AdminClient(settings.kafka_config())
-    metadata = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+    try:
+        return admin.list_topics(timeout=timeout).topics
+    except KafkaException as exc:
+        raise KafkaUnreachable(settings, timeout, exc) from None
+
+
+def partition_count(settings: Settings, topic: str, timeout: float = 10.0) -> int:
+    """How many partitions `topic` has; a clear error when it does not exist or no broker answers."""
+    metadata = list_topic_names(settings, timeout).get(topic)
     if metadata is None or metadata.error is not None:
         raise LookupError(f"topic {topic!r} does not exist on {settings.kafka_bootstrap}; run 'skillstats init'")
     return len(metadata.partitions)

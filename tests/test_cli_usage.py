@@ -77,3 +77,25 @@ def test_a_sqlite_path_in_a_missing_directory_is_named_and_nothing_is_created(tm
     assert result.returncode == 1
     assert f"{tmp_path}/tmp/x.db" in result.stderr and "four slashes" in result.stderr, result.stderr
     assert "topic" not in result.stdout  # the database is checked before any topic is created
+
+
+@pytest.mark.parametrize(
+    "command", [["publish", "--skill-id", "sk_1", "--kind", "download"], ["status"], ["init", "--skip-schema"]]
+)
+def test_an_unreachable_broker_is_one_clear_line(tmp_path: object, command: list[str]) -> None:
+    env = {
+        **os.environ,
+        "SKILLSTATS_DATABASE_URL": f"sqlite:///{tmp_path}/s.db",
+        "SKILLSTATS_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+    }
+    init = subprocess.run(
+        [sys.executable, "-m", "skillstats.cli", "init", "--skip-topics"], env=env, capture_output=True, timeout=20
+    )
+    assert init.returncode == 0, init.stderr
+    result = subprocess.run(
+        [sys.executable, "-m", "skillstats.cli", *command], env=env, capture_output=True, text=True, timeout=20
+    )
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr[-3000:]  # no librdkafka FAIL lines, no traceback
+    assert "cannot reach Kafka at 127.0.0.1:1" in lines[0] and "SKILLSTATS_KAFKA_BOOTSTRAP" in lines[0]

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import orjson
@@ -154,3 +155,11 @@ def _partitions_of(settings: Settings) -> dict[bytes, int]:
         return found
     finally:
         consumer.close()
+
+
+def test_publish_before_init_names_the_missing_topic(kafka_bootstrap: str) -> None:
+    settings = Settings(kafka_bootstrap=kafka_bootstrap, topic=f"never-created-{uuid.uuid4().hex[:8]}")
+    result = cli(settings, "publish", "--skill-id", "sk_1", "--kind", "download")
+    assert result.returncode == 1
+    assert f"topic {settings.topic!r} does not exist on {kafka_bootstrap}; run 'skillstats init'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
