@@ -43,7 +43,7 @@ from sqlalchemy import insert, update
 
 from skillstats.config import Settings
 from skillstats.contract import Invalid, decode
-from skillstats.kafka import end_offsets
+from skillstats.kafka import KafkaUnreachable, end_offsets
 from skillstats.retry import Backoff
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.docstats import DocStatsSink, PartitionDeltas
@@ -122,8 +122,9 @@ class DocSync:
             ends = self._snapshot()
             consumer, parts = self._read(summary, started, ends)
             self._apply(consumer, parts, summary)
-        except FenceAheadOfLog as exc:
-            # An operator's decision, not a bug: the message says what to do, a traceback would bury it.
+        except (FenceAheadOfLog, KafkaUnreachable, LookupError) as exc:
+            # An operator's decision or a setting to fix, not a bug: the message says what
+            # to do, and a traceback would bury it.
             log.error("%s", exc)
             summary.stopped_reason = ERROR
             summary.error = f"{type(exc).__name__}: {exc}"

@@ -99,3 +99,18 @@ def test_an_unreachable_broker_is_one_clear_line(tmp_path: object, command: list
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr[-3000:]  # no librdkafka FAIL lines, no traceback
     assert "cannot reach Kafka at 127.0.0.1:1" in lines[0] and "SKILLSTATS_KAFKA_BOOTSTRAP" in lines[0]
+
+
+def test_docsync_against_an_unreachable_broker_says_so_without_a_traceback(tmp_path: object) -> None:
+    env = {
+        **os.environ,
+        "SKILLSTATS_DATABASE_URL": f"sqlite:///{tmp_path}/s.db",
+        "SKILLSTATS_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+    }
+    subprocess.run([sys.executable, "-m", "skillstats.cli", "init", "--skip-topics"], env=env, timeout=20, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "skillstats.cli", "docsync"], env=env, capture_output=True, text=True, timeout=20
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "cannot reach Kafka at 127.0.0.1:1" in result.stdout  # the run's summary names the error
