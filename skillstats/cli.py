@@ -144,7 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     windows.add_argument(
         "--fetch-size", type=_positive, default=10_000, help="most records per fetch from Kafka (default 10000)"
     )
-    windows.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    windows.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="info (default): the start, assignments, rebalances; debug: every batch too",
+    )
     docsync = commands.add_parser(
         "docsync",
         parents=[common],

@@ -36,7 +36,7 @@ import faust
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 
-from skillstats.config import Settings
+from skillstats.config import MaskSecrets, Settings, redact_url
 from skillstats.contract import Invalid, decode
 from skillstats.dlq import REJECTED_BY_DATABASE, DeadLetters, MarkUpdates, Parcel
 from skillstats.kafka import RawRecord, end_offsets
@@ -242,7 +242,7 @@ class BatchSink:
             tp = TP(self.topic, partition)
             self.app.sql_fences[tp] = max(self.app.sql_fences.get(tp, 0), next_offset)
             offsets[tp] = self.app.sql_fences[tp]
-        log.info(
+        log.debug(
             "batch of %d: applied %d, replayed %d, parked %d (total applied %d)",
             self.in_flight_size,
             outcome.applied,
@@ -374,6 +374,12 @@ class WindowsApp(faust.App):
     batch_sink: BatchSink
     shutdown_budget: float
     fence_error: FenceAheadOfLog | None
+    start_message: str = "started"
+
+    async def on_started(self) -> None:
+        """mode's public lifecycle hook: runs once logging is set up and the app is up."""
+        await super().on_started()
+        log.info("%s", self.start_message)
 
     def _new_transport(self) -> Any:
         return FencedTransport(self.conf.broker_consumer, self)
@@ -438,6 +444,10 @@ def build_app(
     pipeline = WindowsPipeline(sink, DeadLetters(settings, settings.windows_group))
     app.batch_sink = BatchSink(app, pipeline, settings.topic, max_pending=batch_size)
     app.fence_error = None
+    app.start_message = (
+        f"skillstats windows: group {settings.windows_group} reads topic {settings.topic} from "
+        f"{settings.kafka_bootstrap} and writes daily and hourly counts to {redact_url(settings.database_url)}"
+    )
 
     @app.on_partitions_revoked.connect
     async def drop_revoked(_app: Any, revoked: set[TP], **_: Any) -> None:
@@ -451,6 +461,7 @@ def build_app(
     @app.on_partitions_assigned.connect
     async def refuse_fences_ahead(_app: Any, assigned: set[TP], **_: Any) -> None:
         partitions = {tp.partition for tp in assigned if tp.topic == settings.topic}
+        log.info("assigned partitions %s of %s", sorted(partitions) or "none", settings.topic)
         if partitions:
             await check_assigned_fences(app, sink, settings, partitions)
 
@@ -480,7 +491,60 @@ async def check_assigned_fences(app: WindowsApp, sink: WindowsSink, settings: Se
         raise
 
 
-def run(settings: Settings, *, log_level: str = "warning", **options: Any) -> None:
+# Third-party loggers speak at WARNING and above (INFO with --log-level debug): their
+# INFO lines narrate every service starting and stopping.
+_THIRD_PARTY_LOGGERS = ("faust", "mode", "aiokafka", "kafka")
+# What every normal start or rebalance logs above INFO, though nothing is wrong.
+_ROUTINE = (
+    "GroupCoordinatorNotAvailable",  # aiokafka, the first start of a new group
+    "Missing sensor state for rebalance",  # faust, a rebalance it did not see start
+    "Heartbeat failed for group",  # aiokafka, while a rebalance is under way
+    "OffsetCommit failed for group",  # aiokafka, a commit that raced a rebalance (the fence holds the truth)
+)
+
+
+class RoutineAtInfo(logging.Filter):
+    """Shows the routine messages above as what they are, INFO (and so not at all above INFO)."""
+
+    def __init__(self, shown_level: int) -> None:
+        super().__init__()
+        self.shown_level = shown_level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO and any(text in record.getMessage() for text in _ROUTINE):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            return self.shown_level <= logging.INFO
+        return True
+
+
+def logging_config(level: str, secrets: list[str]) -> dict[str, Any]:
+    """Plain lines on stdout (no colour codes, no spinner), secrets masked, routine noise at INFO."""
+    number = logging.getLevelName(level.upper())
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {
+            "routine": {"()": RoutineAtInfo, "shown_level": number},
+            "mask": {"()": MaskSecrets, "secrets": secrets},
+        },
+        "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+        "handlers": {
+            "default": {
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stdout",
+                "formatter": "plain",
+                "filters": ["routine", "mask"],
+            }
+        },
+        "root": {"level": number, "handlers": ["default"]},
+        "loggers": {
+            name: {"level": logging.INFO if number <= logging.DEBUG else logging.WARNING}
+            for name in _THIRD_PARTY_LOGGERS
+        },
+    }
+
+
+def run(settings: Settings, *, log_level: str = "info", **options: Any) -> None:
     """Run the worker until SIGTERM/SIGINT (never returns; exits the process)."""
     app = build_app(settings, **options)
     # aiokafka allocates a GC-tracked record object per message, so at the default
@@ -490,7 +554,10 @@ def run(settings: Settings, *, log_level: str = "warning", **options: Any) -> No
     # import-time heap out of the full collections that still run.
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
-    worker = faust.Worker(app, loglevel=log_level, quiet=True)
+    worker = faust.Worker(
+        app, loglevel=log_level, quiet=True, logging_config=logging_config(log_level, settings.secrets())
+    )
+    worker.spinner = None  # a service's log is a file, not a terminal
     try:
         worker.execute_from_commandline()
     finally:

@@ -61,7 +61,7 @@ class WorkerProcess:
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "skillstats.cli", "windows", "--log-level", "info", *extra],
+            [sys.executable, "-m", "skillstats.cli", "windows", "--log-level", "debug", *extra],
             env=settings_env(settings),
             stdout=self._log,
             stderr=subprocess.STDOUT,

@@ -42,7 +42,7 @@ ROUNDS = int(os.environ.get("SKILLSTATS_TEST_SCALE_ROUNDS", "3"))
 EVENTS = 60_000
 # Small fetches and transactions: the backlog drains slowly enough that every
 # membership change lands while batches are fetched, pending and in flight.
-SLOW = ("--fetch-size", "20", "--batch-size", "60", "--log-level", "info")
+SLOW = ("--fetch-size", "20", "--batch-size", "60", "--log-level", "debug")
 
 
 def empty_windows_tables(settings: Settings) -> None:
