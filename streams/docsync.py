@@ -84,6 +84,14 @@ class DrainSummary:
             f"  invalid, skipped      {self.invalid_skipped}",
             f"  partitions applied    {self.partitions_applied}",
         ]
+        if self.unknown_skill_events:
+            # The seed's rule for deleted skills; a surprise when the skills rows are
+            # simply not created yet, so said in words every time it happens.
+            lines.append(
+                f"  note: {self.unknown_skill_events:,} events were for skills with no row in `skills`; they are "
+                f"skipped for good (their daily and hourly counts are kept). Create the skills rows before the "
+                f"first drain."
+            )
         if self.lost_partitions:
             lines.append(f"  left to another drain {sorted(self.lost_partitions)}")
         if self.error:

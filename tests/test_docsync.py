@@ -345,3 +345,18 @@ def test_every_repeats_drains_until_sigterm(settings: Settings) -> None:
     assert process.wait(60) == 0
     assert first["events_read"] == 0 and sum(s["events_read"] for s in later) == 1
     assert actual(settings)[0] == {"sk_1": (1, 0, 0)}
+
+
+def test_summary_says_events_for_missing_skills_are_skipped_for_good(settings: Settings) -> None:
+    records = list(generate(200, now_ms=int(time.time() * 1000), skills=5, seed=3))
+    assert publish(settings, records) == 200
+    result = subprocess.run(
+        [sys.executable, "-m", "skillstats.cli", "docsync"],
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "caught_up" in result.stdout
+    assert "events were for skills with no row in `skills`; they are skipped for good" in result.stdout
