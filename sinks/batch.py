@@ -17,9 +17,9 @@ record at or above the fence counts once (the first copy of its offset) and the
 fence moves to one past the highest offset applied. Offsets the batch skips
 over above the fence are taken as absent (retention deleted them, or they are
 transaction markers) and logged: the consumer side guarantees it never skips a
-record it still holds (pending records of a revoked partition are dropped, and
-the next owner reads again from the committed offset, which is never past the
-fence). tests/test_sink_properties.py checks the invariant against an
+record it still holds (pending records of a partition that moves to another
+consumer are dropped, and the new owner reads them again from the committed
+offset, which is never past the fence; a partition that stays keeps them). tests/test_sink_properties.py checks the invariant against an
 independent model over arbitrary interleavings.
 
 The fold made outside the transaction (while the previous batch commits) is

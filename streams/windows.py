@@ -174,11 +174,14 @@ class BatchSink:
     """Feeds fetched records to the pipeline one transaction at a time, in fetch order.
 
     At most one batch is in the database; records fetched meanwhile wait in
-    `pending`, kept per partition, and form the next batch. When a partition is
-    revoked its pending records are dropped (they were never applied, and
-    whoever owns the partition next reads them again from the committed offset,
-    which is never past the fence). When `pending` reaches `max_pending`, the
-    fetcher waits for the database (backpressure), so memory stays bounded.
+    `pending`, kept per partition, and form the next batch. When a rebalance
+    moves a partition to another consumer its pending records are dropped (they
+    were never applied, and the new owner reads them again from the committed
+    offset, which is never past the fence); a partition that stays keeps them,
+    since its fetch position may not be rewound (it is not, for a partition with
+    no committed offset yet), and dropping them would leave a gap. When `pending`
+    reaches `max_pending`, the fetcher waits for the database (backpressure), so
+    memory stays bounded.
     """
 
     def __init__(self, app: WindowsApp, pipeline: WindowsPipeline, topic: str, max_pending: int) -> None:
@@ -209,7 +212,7 @@ class BatchSink:
             await asyncio.wait({self.in_flight}, timeout=timeout)
 
     def drop(self, partitions: set[int]) -> int:
-        """Forget what is pending for revoked partitions; returns how many records were dropped."""
+        """Forget what is pending for partitions now owned elsewhere; returns how many records were dropped."""
         dropped = 0
         for partition in partitions:
             dropped += len(self.pending.pop(partition, ()))
@@ -332,8 +335,9 @@ class FencedConsumer(aiokafka_driver.Consumer):
                     else:
                         batch[tp.partition] = [r for r in fetched if r.offset >= floor]
                     read_offsets[tp] = fetched[-1].offset
-                # No await between the flow check above and here: a revoke cannot slip
-                # in between, so nothing fetched for a revoked partition gets pending.
+                # No await between the flow and generation checks above and here: a
+                # rebalance cannot slip in between, so nothing fetched under an old
+                # assignment gets pending.
                 await sink.add(batch)
         except asyncio.CancelledError:
             await sink.drain_on_shutdown(self.app.shutdown_budget)  # type: ignore[attr-defined]
@@ -450,18 +454,23 @@ def build_app(
     )
 
     @app.on_partitions_revoked.connect
-    async def drop_revoked(_app: Any, revoked: set[TP], **_: Any) -> None:
+    async def settle_on_revoke(_app: Any, revoked: set[TP], **_: Any) -> None:
         # Let the batch in the database finish first (bounded): the next owner then
         # starts after it committed, instead of both parking the same invalid records.
         await app.batch_sink.settle(shutdown_budget)
-        dropped = app.batch_sink.drop({tp.partition for tp in revoked if tp.topic == settings.topic})
-        if dropped:
-            log.info("rebalance: dropped %d fetched, unapplied record(s) of revoked partitions", dropped)
 
     @app.on_partitions_assigned.connect
-    async def refuse_fences_ahead(_app: Any, assigned: set[TP], **_: Any) -> None:
+    async def on_assigned(_app: Any, assigned: set[TP], **_: Any) -> None:
         partitions = {tp.partition for tp in assigned if tp.topic == settings.topic}
         log.info("assigned partitions %s of %s", sorted(partitions) or "none", settings.topic)
+        # Faust revokes every partition at a rebalance (eager protocol), so what is
+        # pending is dropped only for partitions that went to another consumer: it
+        # reads them again from the committed offset (never past the fence). Records
+        # of a partition that stayed are kept: whether or not the consumer rewinds it,
+        # nothing is skipped, and what is read twice the fence skips.
+        dropped = app.batch_sink.drop(set(app.batch_sink.pending) - partitions)
+        if dropped:
+            log.info("rebalance: dropped %d fetched, unapplied record(s) of partitions now elsewhere", dropped)
         if partitions:
             await check_assigned_fences(app, sink, settings, partitions)
 

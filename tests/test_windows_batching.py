@@ -51,14 +51,14 @@ def records(partition: int, offsets: range) -> list[RawRecord]:
     return [RawRecord(partition, o, b"k", b"v") for o in offsets]
 
 
-def test_records_of_a_revoked_partition_never_meet_their_refetch_in_one_batch() -> None:
+def test_records_of_a_partition_that_moved_never_meet_their_refetch_in_one_batch() -> None:
     async def scenario() -> FakePipeline:
         pipeline = FakePipeline()
         sink = BatchSink(FakeApp(), pipeline, "t", max_pending=10_000)  # type: ignore[arg-type]
         await sink.add({0: records(0, range(100, 200))})  # in the database, slowly
         await sink.add({0: records(0, range(200, 300)), 1: records(1, range(0, 50))})  # pending
-        # Partition 0 is revoked (faust's signal) and assigned again; faust seeks it
-        # back to the committed offset, 100, and the fetch starts over from there.
+        # Partition 0 goes to another consumer (its pending records are dropped) and
+        # later comes back; the consumer starts from the committed offset, 100.
         assert sink.drop({0}) == 100
         await sink.add({0: records(0, range(100, 400))})
         pipeline.release.set()
