@@ -313,35 +313,42 @@ class FencedConsumer(aiokafka_driver.Consumer):
         try:
             while not (self.should_stop or fetcher.should_stop):
                 generation = self.app.consumer_generation_id
-                records, active = await self._wait_next_records(timeout=0.2)
-                if (
-                    not records
-                    or self.should_stop
-                    or not self.flow_active
-                    or generation != self.app.consumer_generation_id
-                ):
-                    # Paused for a rebalance: what was fetched is dropped here and
-                    # fetched again after faust seeks the new assignment to the
-                    # committed offsets (never past the fences).
+                records, _active = await self._wait_next_records(timeout=0.2)
+                if not records or self.should_stop:
                     await sink.idle()
                     continue
+                # Nothing fetched is thrown away while its partition may still be ours:
+                # faust rewinds a partition at a rebalance only to its committed offset,
+                # and not at all when it has none, so a record dropped here could be
+                # skipped for good. Records fetched across an assignment change are kept
+                # for the partitions assigned now (the rest went to another consumer,
+                # which reads them from the committed offset); in the middle of a
+                # rebalance all are kept, and the assignment handler drops those of
+                # partitions that went elsewhere. What is read twice the fence skips.
+                if generation != self.app.consumer_generation_id:
+                    ours: set[TP] | None = set(self.assignment())
+                else:
+                    ours = None
                 batch: dict[int, Sequence[FetchedRecord]] = {}
                 for tp, fetched in records.items():
-                    if not fetched or (active is not None and tp not in active):
-                        continue  # a partition no longer ours
-                    floor = read_offsets[tp]
+                    if not fetched or (ours is not None and tp not in ours):
+                        continue
+                    floor = read_offsets[tp]  # below it: read before, and at or below the fence
                     if floor is None or fetched[0].offset >= floor:
                         batch[tp.partition] = fetched
                     else:
                         batch[tp.partition] = [r for r in fetched if r.offset >= floor]
                     read_offsets[tp] = fetched[-1].offset
-                # No await between the flow and generation checks above and here: a
-                # rebalance cannot slip in between, so nothing fetched under an old
-                # assignment gets pending.
+                # No await between the generation check above and here: the assignment
+                # handler (on the event loop) cannot run in between.
                 await sink.add(batch)
         except asyncio.CancelledError:
+            # faust cancels the drain only to stop the worker. Ending normally rather
+            # than re-raising: faust treats a cancelled fetcher during a rebalance as a
+            # crash to restart, and its restart path fails when the worker is stopping
+            # (a SIGTERM that lands mid-rebalance exited 1 instead of 0).
             await sink.drain_on_shutdown(self.app.shutdown_budget)  # type: ignore[attr-defined]
-            raise
+            return
         except Exception as exc:
             # Not a database or broker outage (those are retried inside the batch):
             # a bug. Crash the worker, loudly, so it is restarted and replays from the
