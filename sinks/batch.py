@@ -19,8 +19,9 @@ over above the fence are taken as absent (retention deleted them, or they are
 transaction markers) and logged: the consumer side guarantees it never skips a
 record it still holds (pending records of a partition that moves to another
 consumer are dropped, and the new owner reads them again from the committed
-offset, which is never past the fence; a partition that stays keeps them). tests/test_sink_properties.py checks the invariant against an
-independent model over arbitrary interleavings.
+offset, which is never past the fence; a partition that stays keeps them).
+tests/test_sink_properties.py checks the invariant against an independent model
+over arbitrary interleavings.
 
 The fold made outside the transaction (while the previous batch commits) is
 used only when the batch is in the common shape: each partition's offsets

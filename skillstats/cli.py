@@ -17,7 +17,17 @@ import orjson
 
 from skillstats import __version__
 from skillstats.config import LIBRDKAFKA_LOG, MaskSecrets, Settings, mask, redact_url
-from skillstats.contract import EFFECTS, KINDS, WIRE_VERSION, Invalid, InvalidEvent, StatEvent, from_mapping, make_event
+from skillstats.contract import (
+    EFFECTS,
+    KINDS,
+    WIRE_VERSION,
+    Invalid,
+    InvalidEvent,
+    StatEvent,
+    duplicate_member,
+    from_mapping,
+    make_event,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -232,6 +242,10 @@ def read_jsonl(path: Path, now_ms: int) -> tuple[list[StatEvent], list[str]]:
             body = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             problems.append(f"line {number}: malformed: {exc}")
+            continue
+        repeated = duplicate_member(line, body)
+        if repeated is not None:
+            problems.append(f"line {number}: malformed: the member {repeated!r} appears twice (RFC 7493)")
             continue
         if isinstance(body, dict):
             body.setdefault("v", WIRE_VERSION)

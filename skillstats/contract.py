@@ -1,4 +1,4 @@
-"""The event contract (SPEC §2) and the one kind→effect table (SPEC §3).
+"""The event contract and the one kind→effect table (docs/contract.md).
 
 Everything that reads or writes a stat event goes through this module: the
 publisher validates with the same function the consumers decode with, so a
@@ -21,10 +21,17 @@ the whole partition. Two parser limits make hostile input deterministic rather
 than dependent on the Python stack depth at the call site: values nested deeper
 than MAX_NESTING_DEPTH are `malformed`, and so is anything the JSON parser
 refuses (invalid UTF-8, lone surrogates, NaN/Infinity, numbers beyond a double).
+
+A JSON object that names a member twice is `malformed` too, at any depth. RFC
+8259 leaves such a document's meaning to the parser (ours keep the last value,
+others keep the first or refuse it), and I-JSON (RFC 7493) forbids it; accepting
+it would let a publisher-side validator and the consumers count different kinds
+or deltas from the same bytes.
 """
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -93,7 +100,7 @@ class Effect:
 
 NO_EFFECT: Final = Effect()
 
-# SPEC §3. The only place a kind's meaning is written down.
+# docs/contract.md, "What each kind does". The only place a kind's meaning is written down.
 EFFECTS: Final[Mapping[str, Effect]] = {
     "download": Effect(downloads=1, window_downloads=1),
     "install_new": Effect(installs_all_time=1, installs_current=1, window_installs=1),
@@ -235,7 +242,7 @@ def _check_occurred_at(occurred_at: object, timestamp_ms: int | None) -> Invalid
 def from_mapping(
     body: object, timestamp_ms: int | None, key: bytes | None = None, check_key: bool = True
 ) -> StatEvent | Invalid:
-    """Validate a decoded JSON value against SPEC §2, checks in the SPEC's order.
+    """Validate a decoded JSON value against the contract, checks in docs/contract.md's order.
 
     `timestamp_ms` is what `occurred_at` may not be more than 10 minutes after: the
     record's Kafka timestamp for a consumer, the publisher's clock for a publisher
@@ -283,6 +290,19 @@ def from_mapping(
 # document every byte of which it has validated; a record that carries extra
 # fields (forward-compatible, and rare) is judged by the reference path instead.
 # It also caps what the fast path accepts at two levels of nesting.
+#
+# msgspec, like orjson, lets the last of duplicate members win, so the fast path
+# counts quote characters to prove there are none. With unknown fields refused
+# and every field typed, the text holds one string per member name plus the three
+# string values: 8 strings (16 quotes) without `delta`, 11 (22 quotes) with a
+# `delta` object. A repeated member adds at least one string, and an escaped quote
+# inside a string adds a quote, so a count of exactly that many proves every
+# member appears once; any other count (`"delta": null` included, 18) goes to the
+# reference path, which decides.
+_QUOTES_WITHOUT_DELTA: Final = 2 * (5 + 3)
+_QUOTES_WITH_DELTA: Final = 2 * (5 + 3 + 3)
+
+
 class _WireDelta(msgspec.Struct, forbid_unknown_fields=True):
     all_time: int
     current: int
@@ -310,15 +330,16 @@ def decode(key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> 
 
     Two paths, one contract: a typed msgspec decode with the checks inlined takes
     every record it can prove valid (almost all of them, about 3x faster than a
-    dict walk); anything it cannot (extra fields, anything invalid, anything that
-    makes it raise) it hands to `decode_reference`, which alone says why a record
-    is invalid and turns any failure of its own into `malformed`.
+    dict walk); anything it cannot (extra fields, a member named twice or a quote
+    escaped in a string, anything invalid, anything that makes it raise) it hands
+    to `decode_reference`, which alone says why a record is invalid and turns any
+    failure of its own into `malformed`.
     tests/test_contract.py checks both agree, on hand-picked and generated records.
     """
     if value is not None and len(value) <= MAX_VALUE_BYTES:
         try:
             wire = _wire_decoder.decode(value)
-            skill_id, event_id, kind, at = wire.skill_id, wire.event_id, wire.kind, wire.occurred_at
+            skill_id, event_id, kind, at, delta = wire.skill_id, wire.event_id, wire.kind, wire.occurred_at, wire.delta
             effect = EFFECTS.get(kind)
             if (
                 wire.v == WIRE_VERSION
@@ -328,10 +349,10 @@ def decode(key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> 
                 and EPOCH_2000_MS <= at <= MAX_OCCURRED_AT_MS
                 and (timestamp_ms is None or timestamp_ms < 0 or at <= timestamp_ms + MAX_FUTURE_SKEW_MS)
                 and key == skill_id.encode()
+                and value.count(b'"') == (_QUOTES_WITHOUT_DELTA if delta is None else _QUOTES_WITH_DELTA)
             ):
                 if not effect.uses_delta:
                     return StatEvent(event_id, skill_id, kind, at)
-                delta = wire.delta
                 if delta is not None and abs(delta.all_time) <= MAX_ABS_DELTA and abs(delta.current) <= MAX_ABS_DELTA:
                     return StatEvent(event_id, skill_id, kind, at, delta.all_time, delta.current)
         except MemoryError:
@@ -367,7 +388,66 @@ def _decode_reference(key: bytes | None, value: bytes | None, timestamp_ms: int 
         return Invalid(Reason.MALFORMED, f"not UTF-8 JSON: {exc}")
     if _nested_deeper_than(value, body, MAX_NESTING_DEPTH):
         return Invalid(Reason.MALFORMED, f"JSON is nested deeper than {MAX_NESTING_DEPTH} levels")
+    name = duplicate_member(value, body)
+    if name is not None:
+        return Invalid(Reason.MALFORMED, f"a JSON object has the member {_show(name)} more than once (RFC 7493)")
     return from_mapping(body, timestamp_ms, key)
+
+
+# For `duplicate_member`: skip text that is neither a brace nor a member name (string
+# values included, so braces and quotes inside strings are skipped with them), then
+# match a brace, a member name, or the end. Possessive, so no input backtracks; the
+# end alternative stops a tail without braces from being rescanned at every offset.
+_STRING = rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+_BRACE_OR_NAME = re.compile(rb'(?:[^"{}]++|' + _STRING + rb"(?!\s*+:))*+(?:([{}])|(" + _STRING + rb")\s*+:|\Z)")
+
+
+def duplicate_member(raw: bytes, parsed: object) -> str | None:
+    """A member name that some object of the JSON text `raw` holds twice (the first found), or None.
+
+    `raw` must be JSON the parser accepted, and `parsed` what it made of it. The
+    parser kept one of any two same-named members and lost the other's strings
+    (its name at least), so when `parsed` holds as many strings as `raw` has quote
+    pairs, no member was lost and the text is not scanned. Otherwise (a
+    duplicate, or a quote escaped inside a string) the text is scanned for member
+    names per object: iteratively, so no depth can exhaust the stack. Arrays need
+    no tracking: an object inside one opens and closes within it.
+    """
+    if b"{" not in raw or raw.count(b'"') == 2 * _strings_in(parsed):
+        return None
+    scopes: list[set[str]] = []
+    for brace, quoted in _BRACE_OR_NAME.findall(raw):  # b"" for the group that did not match
+        if brace == b"{":
+            scopes.append(set())
+        elif brace == b"}":
+            scopes.pop()
+        elif quoted:
+            name = orjson.loads(quoted) if b"\\" in quoted else quoted[1:-1].decode()
+            names = scopes[-1]
+            if name in names:
+                return name
+            names.add(name)
+    return None
+
+
+def _strings_in(parsed: object) -> int:
+    """How many strings a parsed JSON value holds, member names included; iterative."""
+    count = 0
+    stack = [parsed]
+    while stack:
+        node = stack.pop()
+        if type(node) is dict:
+            count += len(node)
+            node = node.values()
+        elif type(node) is not list:
+            count += type(node) is str
+            continue
+        for child in node:
+            if type(child) is str:
+                count += 1
+            elif type(child) is dict or type(child) is list:
+                stack.append(child)
+    return count
 
 
 def _nested_deeper_than(raw: bytes, body: object, limit: int) -> bool:

@@ -1,4 +1,4 @@
-"""The event contract, SPEC §2-3: one case or more per reason code, and every valid kind."""
+"""The event contract (docs/contract.md): one case or more per reason code, and every valid kind."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -47,6 +46,11 @@ def body(**changes: object) -> bytes:
 def raw_event(occurred_at: bytes = b"1764460799000", extra: bytes = b"") -> bytes:
     """A record body written by hand, for what orjson.dumps refuses to write (huge ints, NaN, bad escapes)."""
     return b'{"v":1,"event_id":"e1","skill_id":"sk_1","kind":"download","occurred_at":' + occurred_at + extra + b"}"
+
+
+def clear_event(delta: bytes) -> bytes:
+    """An install_clear record whose delta (and whatever follows it) is written by hand."""
+    return EVENT_PREFIX.replace(b'"download"', b'"install_clear"') + b',"delta":' + delta + b"}"
 
 
 def assert_outcome(result: object) -> None:
@@ -108,7 +112,13 @@ INVALID_CASES = [
     ("raw NUL in a string", b"sk_1", raw_event(extra=b',"pad":"a\x00b"'), Reason.MALFORMED),
     ("objects 1,000 deep", b"sk_1", b'{"a":' * 1000 + b"1" + b"}" * 1000, Reason.MALFORMED),
     ("arrays 1,000 deep", b"sk_1", b'{"x":' + b"[" * 999 + b"]" * 999 + b"}", Reason.MALFORMED),
-    ("duplicate v, the last one 2", b"sk_1", raw_event(extra=b',"v":2'), Reason.UNSUPPORTED_VERSION),
+    ("duplicate v, the last one 2", b"sk_1", raw_event(extra=b',"v":2'), Reason.MALFORMED),
+    ("duplicate kind", b"sk_1", raw_event(extra=b',"kind":"install_new"'), Reason.MALFORMED),
+    ("duplicate kind, same value", b"sk_1", raw_event(extra=b',"kind":"download"'), Reason.MALFORMED),
+    ("duplicate kind, name escaped", b"sk_1", raw_event(extra=b',"\\u006bind":"star"'), Reason.MALFORMED),
+    ("duplicate in an extra field", b"sk_1", raw_event(extra=b',"pad":[{"a":1,"b":2,"a":3}]'), Reason.MALFORMED),
+    ("duplicate in delta", b"sk_1", clear_event(b'{"all_time":1,"current":2,"current":-5}'), Reason.MALFORMED),
+    ("duplicate delta", b"sk_1", clear_event(b'{"all_time":1,"current":2},"delta":null'), Reason.MALFORMED),
     ("clear without delta", b"sk_1", body(kind="install_clear"), Reason.BAD_DELTA),
     ("clear delta not object", b"sk_1", body(kind="install_clear", delta=[1, 2]), Reason.BAD_DELTA),
     ("clear delta missing current", b"sk_1", body(kind="install_clear", delta={"all_time": 1}), Reason.BAD_DELTA),
@@ -153,7 +163,12 @@ def test_every_kind_is_valid(kind: str) -> None:
 VALID_EDGES = [
     ("exactly 2000-01-01", body(occurred_at=946_684_800_000)),
     ("exactly 10 minutes after the record timestamp", body(occurred_at=NOW + 600_000)),
-    ("duplicate keys: the last one counts", raw_event(extra=b',"skill_id":"sk_1","kind":"star"')),
+    ("one member name in sibling objects", raw_event(extra=b',"pad":[{"a":1},{"a":2}],"x":{"a":{"a":3}}')),
+    ("member names differing in case", raw_event(extra=b',"Kind":"star","KIND":1')),
+    ("a quote escaped in a string", raw_event(extra=b',"pad":"say \\"hi\\", \\\\"')),
+    ("a colon and braces in a string", raw_event(extra=b',"pad":"\\"kind\\":{}"')),
+    ("delta null on download", body(delta=None)),
+    ("clear delta written twice as wide", clear_event(b'{ "all_time" : -2 ,\n "current" : -1 }')),
     ("escaped surrogate pair", raw_event(extra=b',"pad":"\\ud83d\\ude00"')),
     ("nested exactly to the limit", raw_event(extra=b',"pad":' + b"[" * 511 + b"]" * 511)),
     ("ids of 128 chars", body(event_id="e" * 128, skill_id="s" * 128)),
@@ -212,15 +227,6 @@ def test_make_event_refuses_what_the_contract_rejects() -> None:
     assert raised.value.reason is Reason.BAD_FIELD
     with pytest.raises(InvalidEvent):
         make_event("sk_1", "install_clear", NOW, now_ms=NOW)
-
-
-def test_json_schema_lists_the_same_kinds_and_bounds() -> None:
-    import skillstats
-
-    schema = json.loads((Path(skillstats.__file__).parent / "schema" / "stat-event-v1.schema.json").read_text())
-    assert set(schema["properties"]["kind"]["enum"]) == set(EFFECTS)
-    assert schema["properties"]["skill_id"]["maxLength"] == 128
-    assert schema["properties"]["occurred_at"]["minimum"] == 946_684_800_000
 
 
 def test_fast_and_slow_decoders_agree_on_every_record() -> None:
@@ -430,6 +436,53 @@ def test_fast_path_takes_ordinary_events(monkeypatch: pytest.MonkeyPatch) -> Non
         assert isinstance(decode(key, value, None), StatEvent)
 
 
+# --- A member name twice in one object is malformed, on both paths (issue 8, item 9) -----------------------------
+
+DUPLICATES = {
+    "top level, last value would be valid": (raw_event(extra=b',"kind":"install_new"'), "kind"),
+    "top level, first value invalid": (b'{"v":2,' + EVENT_PREFIX[1:] + b',"v":1}', "v"),
+    "top level, both equal": (raw_event(extra=b',"skill_id":"sk_1"'), "skill_id"),
+    "top level, with whitespace": (raw_event(extra=b' , "occurred_at" :\t1764460799001 '), "occurred_at"),
+    "top level, name escaped": (raw_event(extra=b',"event_\\u0069d":"e2"'), "event_id"),
+    "in delta": (clear_event(b'{"all_time":-2,"current":-1,"all_time":5}'), "all_time"),
+    "in delta, name escaped": (clear_event(b'{"all_time":-2,"\\u0063urrent":0,"current":-1}'), "current"),
+    "delta twice": (clear_event(b'{"all_time":-2,"current":-1},"delta":{"all_time":0,"current":0}'), "delta"),
+    "deep in an unknown field": (raw_event(extra=b',"pad":{"a":[1,{"b":{"c":1,"c":1}}]}'), "c"),
+}
+
+
+@BOTH_PATHS
+@pytest.mark.parametrize("case", sorted(DUPLICATES))
+def test_a_member_named_twice_is_malformed(decoder: Decoder, case: str) -> None:
+    """I-JSON (RFC 7493): a validator that keeps the first value must never disagree with us on a record."""
+    value, name = DUPLICATES[case]
+    orjson.loads(value)  # well-formed JSON otherwise: only the duplicate makes it malformed
+    result = decoder(b"sk_1", value, NOW)
+    assert isinstance(result, Invalid) and result.reason is Reason.MALFORMED, result
+    assert f"member {name!r} more than once" in result.message
+
+
+@pytest.mark.parametrize("case", sorted(DUPLICATES))
+def test_the_fast_path_never_accepts_a_member_named_twice(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """msgspec lets the last member win, so the fast path must hand every duplicate to the reference path."""
+    import skillstats.contract as contract
+
+    handed_over = Invalid(Reason.MALFORMED, "handed to the reference path")
+    monkeypatch.setattr(contract, "decode_reference", lambda key, value, timestamp_ms: handed_over)
+    assert decode(b"sk_1", DUPLICATES[case][0], NOW) is handed_over
+
+
+def test_a_duplicate_is_found_without_recursion_and_in_linear_time() -> None:
+    deep = raw_event(extra=b',"pad":' + b'{"a":' * 500 + b'{"b":"\\"","b":1}' + b"}" * 500)
+    result = _at_stack_depth(sys.getrecursionlimit() - 60, lambda: decode(b"sk_1", deep, NOW))
+    assert isinstance(result, Invalid) and "member 'b' more than once" in result.message
+    # A tail without braces must be scanned once: a scanner retrying at each offset of it would take minutes.
+    tail = b'[{"a":"\\""}' + b" " * 65_000 + b"]"
+    started = time.perf_counter()
+    assert decode(b"sk_1", tail, NOW) == Invalid(Reason.MALFORMED, "value is not a JSON object")
+    assert time.perf_counter() - started < 5.0
+
+
 # --- Properties: decode is total, and its two paths agree -------------------------------------------------------
 
 TIMESTAMPS = st.none() | st.integers() | st.integers(min_value=NOW - 10**9, max_value=NOW + 10**9)
@@ -543,3 +596,42 @@ def test_decode_paths_agree_on_json_values(
                 document["delta"]["all_time"],
                 document["delta"]["current"],
             )
+
+
+@st.composite
+def with_a_duplicate(draw: st.DrawFn) -> tuple[bytes, str, bytes]:
+    """A near-valid event written member by member, one member (top level or in delta) written twice.
+
+    Returns the value, the name written twice and the record key (the skill_id when it is a string).
+    """
+    event = draw(event_like())
+    delta = event.get("delta")
+    in_delta = isinstance(delta, dict) and bool(delta) and draw(st.booleans())
+    members = list((delta if in_delta else event).items())
+    name, value = draw(st.sampled_from(members))
+    members.insert(draw(st.integers(0, len(members))), (name, draw(st.just(value) | JSON_VALUES)))
+
+    def write(pairs: list[tuple[str, Any]]) -> str:
+        return "{" + ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in pairs) + "}"
+
+    if in_delta:
+        text = write([*((k, v) for k, v in event.items() if k != "delta"), ("delta", "@DELTA@")])
+        text = text.replace('"@DELTA@"', write(members))
+    else:
+        text = write(members)
+    skill_id = event.get("skill_id")
+    key = skill_id.encode("utf-8", "surrogatepass") if isinstance(skill_id, str) else b"sk_1"
+    return text.encode("utf-8", "surrogatepass"), name, key
+
+
+@PROPERTY
+@given(case=with_a_duplicate(), timestamp=st.none() | st.just(NOW) | TIMESTAMPS)
+def test_a_member_named_twice_is_malformed_whatever_else(case: tuple[bytes, str, bytes], timestamp: int | None) -> None:
+    value, name, key = case
+    result = check_record(key, value, timestamp)
+    assert isinstance(result, Invalid) and result.reason is Reason.MALFORMED, value[:300]
+    try:
+        orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return  # malformed before duplicates are looked for (NaN, a lone surrogate, a number past a double)
+    assert f"member {name!r} more than once" in result.message, (value[:300], result.message)

@@ -163,3 +163,11 @@ def test_publish_before_init_names_the_missing_topic(kafka_bootstrap: str) -> No
     assert result.returncode == 1
     assert f"topic {settings.topic!r} does not exist on {kafka_bootstrap}; run 'skillstats init'" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_jsonl_line_with_a_member_twice_is_refused(settings: Settings, tmp_path: Path) -> None:
+    path = tmp_path / "dup.jsonl"
+    path.write_text('{"skill_id": "sk_1", "kind": "download", "kind": "install_new", "occurred_at": 1764460800000}\n')
+    result = cli(settings, "publish", "--file", str(path))
+    assert result.returncode == 2
+    assert "line 1: malformed" in result.stderr and "'kind' appears twice" in result.stderr
