@@ -1,1 +1,1 @@
-"""The SQL sink: schema, migrations, and the fenced transactional apply (SPEC §4-5)."""
+"""The SQL sink: schema, migrations, and the fenced transactional apply (docs/contract.md, tables and exactly once)."""

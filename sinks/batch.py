@@ -1,4 +1,4 @@
-"""Applying a batch of consumed records behind the fences (SPEC §5).
+"""Applying a batch of consumed records behind the fences (docs/contract.md, exactly once).
 
 A batch is folded into per-key deltas and written together with each
 partition's next offset in ONE transaction, after the fence rows are locked.

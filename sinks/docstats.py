@@ -1,4 +1,4 @@
-"""The doc-stats sink: per-skill stat columns and per-owner totals, once per drain (SPEC §3-5).
+"""The doc-stats sink: per-skill stat columns and per-owner totals, once per drain (docs/contract.md, kinds to exactly once).
 
 Those rows are read by every page of the registry, so each is patched at most
 once per drain rather than once per batch: a partition's deltas for the whole
@@ -6,7 +6,7 @@ drain are applied in one transaction together with that partition's fence, so
 the fence says exactly what is in SQL.
 
 Correctness does not depend on a skill living in one partition. The publishers
-are meant to key by skill with murmur2 (SPEC §2), but one that uses another
+are meant to key by skill with murmur2 (docs/contract.md, validity), but one that uses another
 partitioner (kcat, librdkafka's default consistent_random) or a topic whose
 partition count was raised spreads one skill over several partitions. Deltas
 for one skill from the partitions of a transaction are therefore summed, never

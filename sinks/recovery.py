@@ -1,4 +1,4 @@
-"""What to do when the database fails a batch (SPEC §6): retry it, or isolate and park one record.
+"""What to do when the database fails a batch (docs/contract.md, failures): retry it, or isolate and park one record.
 
 Only an error about the data itself can be cured by taking a record out: the
 SQL standard's class 22 (data exception: a value out of range, a NUL byte in
@@ -140,7 +140,7 @@ def apply_with_recovery(
     health: Health | None = None,
     dlq_marks: Marks | None = None,
 ) -> ApplyOutcome:
-    """Apply a batch so that nothing is dropped and nothing is stuck (SPEC §6).
+    """Apply a batch so that nothing is dropped and nothing is stuck (docs/contract.md, failures).
 
     Errors that are not about the data are retried with capped backoff (for ever,
     unless bounded by `max_transient_retries`, or until `stop` is set). A batch with

@@ -1,4 +1,4 @@
-"""Table definitions the sink reads and writes (SPEC §4).
+"""Table definitions the sink reads and writes (docs/contract.md, tables).
 
 These describe the tables as the code uses them today; `migrations/` holds the
 frozen history that creates them. Table and column names are a contract.

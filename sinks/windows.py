@@ -1,4 +1,4 @@
-"""The windows sink: per-(skill, UTC hour) and per-(skill, UTC day) counts by event time (SPEC §3)."""
+"""The windows sink: per-(skill, UTC hour) and per-(skill, UTC day) counts by event time (docs/contract.md, kinds)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The `skillstats` command line (SPEC §7)."""
+"""The `skillstats` command line (README, operations)."""
 
 from __future__ import annotations
 

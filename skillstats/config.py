@@ -1,4 +1,4 @@
-"""Settings from the environment (SPEC §7); the CLI's flags override them."""
+"""Settings from the environment (README, operations); the CLI's flags override them."""
 
 from __future__ import annotations
 

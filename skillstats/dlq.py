@@ -1,4 +1,4 @@
-"""The dead-letter topic: what a parked record carries, and parking it once (SPEC §6).
+"""The dead-letter topic: what a parked record carries, and parking it once (docs/contract.md, failures).
 
 Once, even across kill -9: a worker parks a batch's invalid records before the
 SQL transaction that moves the fence past them, so a worker killed in between
@@ -41,7 +41,7 @@ from skillstats.sinks.recovery import Abandoned, Health
 
 log = logging.getLogger(__name__)
 
-# Not a SPEC §2 reason: the record is valid, but the database refused it (for
+# Not a docs/contract.md, validity reason: the record is valid, but the database refused it (for
 # example PostgreSQL rejects a NUL character inside a TEXT skill id).
 REJECTED_BY_DATABASE = "rejected_by_database"
 

@@ -32,7 +32,7 @@ def producer_config(settings: Settings, **extra: object) -> dict[str, object]:
         **{
             "enable.idempotence": True,
             "acks": "all",
-            # SPEC §2: Java-client compatible partitioning, so a key lands on the
+            # docs/contract.md, validity: Java-client compatible partitioning, so a key lands on the
             # same partition whichever language published it.
             "partitioner": "murmur2_random",
             "linger.ms": 10,

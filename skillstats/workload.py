@@ -3,7 +3,7 @@
 Popularity is Zipf-skewed (a few skills get most downloads), the kind mix is
 that of a real registry (mostly downloads), event times spread over days with
 late and out-of-order arrivals, and a share of the records can be made invalid
-in every way SPEC §2 names, so consumers meet what production sends them.
+in every way docs/contract.md, validity names, so consumers meet what production sends them.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _boundary_times(now_ms: int) -> list[int]:
 
 
 def _invalid(rng: random.Random, skill: str, now_ms: int, serial: int) -> tuple[bytes | None, bytes | None]:
-    """One invalid record, cycling through every reason code of SPEC §2."""
+    """One invalid record, cycling through every reason code of docs/contract.md, validity."""
     key = skill.encode()
     good = {
         "v": WIRE_VERSION,

@@ -8,7 +8,7 @@ broker delivers. So the consumer replaces faust's per-message drain with a
 batch drain: every fetch (up to `broker_max_poll_records` records over all
 partitions) is handed on as one list.
 
-Correctness rests on the SQL fence, not on faust's `exactly_once` (SPEC §5):
+Correctness rests on the SQL fence, not on faust's `exactly_once` (docs/contract.md, exactly once):
 
 - each batch (decode, park invalid records, fold, one SQL transaction with the
   partition fences) runs in one worker thread, in fetch order, while the event

@@ -1,7 +1,7 @@
 """Test helpers: run the worker as a real process, and compute expectations independently.
 
 The expectation functions here deliberately do not import the production
-kind→effect table or bucketing code: they restate SPEC §3 in their own words,
+kind→effect table or bucketing code: they restate docs/contract.md, kinds in their own words,
 so a mistake in one is caught by the other.
 """
 
@@ -31,7 +31,7 @@ from tests.conftest import settings_env
 
 T = TypeVar("T")
 
-# SPEC §3, restated: (downloads, installs) added to the day and hour of the event.
+# docs/contract.md, kinds, restated: (downloads, installs) added to the day and hour of the event.
 WINDOW_COUNTS = {"download": (1, 0), "install_new": (0, 1)}
 
 Counts = dict[tuple[str, object], tuple[int, int]]

@@ -27,7 +27,7 @@ from tests.helpers import publish, wait_until
 EVENTS = 60_000
 SKILLS = 2000
 
-# SPEC §3 restated: (downloads, installs_all_time, installs_current) per kind.
+# docs/contract.md, kinds restated: (downloads, installs_all_time, installs_current) per kind.
 SKILL_DELTAS = {
     "download": (1, 0, 0),
     "install_new": (0, 1, 1),

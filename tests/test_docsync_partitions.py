@@ -1,10 +1,10 @@
-"""docsync on logs that are not one tidy murmur2-keyed topic (SPEC §5), on real Kafka, SQLite and PostgreSQL.
+"""docsync on logs that are not one tidy murmur2-keyed topic (docs/contract.md, exactly once), on real Kafka, SQLite and PostgreSQL.
 
 One skill's events spread over several partitions (another partitioner, a
 partition-count increase), a topic written by a transactional producer (commit
 and abort markers, aborted records, an open transaction), and a topic recreated
 under the fences. Expectations come from tests.test_docsync's independent
-restatement of SPEC §3, never from the production code.
+restatement of docs/contract.md, kinds, never from the production code.
 """
 
 from __future__ import annotations

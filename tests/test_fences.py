@@ -1,4 +1,4 @@
-"""A fence ahead of the log is loud, and `skillstats fences reset` is the explicit way out (SPEC §5)."""
+"""A fence ahead of the log is loud, and `skillstats fences reset` is the explicit way out (docs/contract.md, exactly once)."""
 
 from __future__ import annotations
 

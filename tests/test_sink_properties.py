@@ -8,7 +8,7 @@ duplicates, replays, and two spans of a partition (200-299, then 100-399).
 The logs have gaps (transaction markers). After any such history, and a last
 consumer reading from the fence to the end, SQL must hold the fold of every
 record exactly once: the expectation is computed here from the log alone,
-restating SPEC §3 without the production code.
+restating docs/contract.md, kinds without the production code.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from skillstats.sinks.windows import WindowsSink
 
 HOUR = 3_600_000
 BASE = 1_764_460_800_000  # a UTC midnight
-# SPEC §3 restated: (downloads, installs) per kind; None is an invalid (parked) record.
+# docs/contract.md, kinds restated: (downloads, installs) per kind; None is an invalid (parked) record.
 COUNTS = {"download": (1, 0), "install_new": (0, 1), "install_reactivate": (0, 0), None: (0, 0)}
 
 Log = dict[int, list[tuple[int, ConsumedRecord]]]  # partition -> [(offset, record)], offsets rising
