@@ -1,4 +1,4 @@
-"""The doc-stats sink: per-skill stat columns and per-owner totals, once per drain (docs/contract.md, kinds to exactly once).
+"""The doc-stats sink: per-skill stat columns and per-owner totals, once per drain (docs/contract.md).
 
 Those rows are read by every page of the registry, so each is patched at most
 once per drain rather than once per batch: a partition's deltas for the whole

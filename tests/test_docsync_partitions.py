@@ -1,4 +1,4 @@
-"""docsync on logs that are not one tidy murmur2-keyed topic (docs/contract.md, exactly once), on real Kafka, SQLite and PostgreSQL.
+"""docsync on logs that are not one tidy murmur2-keyed topic (docs/contract.md), on real Kafka, SQLite, PostgreSQL.
 
 One skill's events spread over several partitions (another partitioner, a
 partition-count increase), a topic written by a transactional producer (commit

@@ -1,4 +1,4 @@
-"""A fence ahead of the log is loud, and `skillstats fences reset` is the explicit way out (docs/contract.md, exactly once)."""
+"""A fence ahead of the log is loud, and `skillstats fences reset` is the explicit way out (docs/contract.md)."""
 
 from __future__ import annotations
 

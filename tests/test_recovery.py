@@ -1,4 +1,4 @@
-"""Database faults that are not about the data are retried, never parked (docs/contract.md, failures), on real databases."""
+"""Database faults that are not about the data are retried, never parked (docs/contract.md), on real databases."""
 
 from __future__ import annotations
 

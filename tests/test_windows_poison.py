@@ -1,4 +1,4 @@
-"""No record stops the windows worker: poison values, oversized parcels, aborted transactions (docs/contract.md, failures)."""
+"""No record stops the windows worker: poison values, oversized parcels, aborted transactions (docs/contract.md)."""
 
 from __future__ import annotations
 
