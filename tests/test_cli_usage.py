@@ -80,13 +80,19 @@ def test_a_sqlite_path_in_a_missing_directory_is_named_and_nothing_is_created(tm
 
 
 @pytest.mark.parametrize(
-    "command", [["publish", "--skill-id", "sk_1", "--kind", "download"], ["status"], ["init", "--skip-schema"]]
+    ("command", "bootstrap"),
+    [
+        (["publish", "--skill-id", "sk_1", "--kind", "download"], "127.0.0.1:1"),
+        (["status"], "127.0.0.1:1"),
+        (["init", "--skip-schema"], "127.0.0.1:1"),
+        (["status"], "no-such-host.invalid:9092"),  # a name that cannot resolve
+    ],
 )
-def test_an_unreachable_broker_is_one_clear_line(tmp_path: object, command: list[str]) -> None:
+def test_an_unreachable_broker_is_one_clear_line(tmp_path: object, command: list[str], bootstrap: str) -> None:
     env = {
         **os.environ,
         "SKILLSTATS_DATABASE_URL": f"sqlite:///{tmp_path}/s.db",
-        "SKILLSTATS_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+        "SKILLSTATS_KAFKA_BOOTSTRAP": bootstrap,
     }
     init = subprocess.run(
         [sys.executable, "-m", "skillstats.cli", "init", "--skip-topics"], env=env, capture_output=True, timeout=20
@@ -98,7 +104,7 @@ def test_an_unreachable_broker_is_one_clear_line(tmp_path: object, command: list
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr[-3000:]  # no librdkafka FAIL lines, no traceback
-    assert "cannot reach Kafka at 127.0.0.1:1" in lines[0] and "SKILLSTATS_KAFKA_BOOTSTRAP" in lines[0]
+    assert f"cannot reach Kafka at {bootstrap}" in lines[0] and "SKILLSTATS_KAFKA_BOOTSTRAP" in lines[0]
 
 
 def test_docsync_against_an_unreachable_broker_says_so_without_a_traceback(tmp_path: object) -> None:
