@@ -23,6 +23,7 @@ from skillstats.streams.docsync import DocSync, DrainBudget, DrainSummary
 from skillstats.workload import Record, generate, skill_ids
 from tests.conftest import record_metric, settings_env
 from tests.helpers import publish, wait_until
+from tests.test_publish import cli
 
 EVENTS = 60_000
 SKILLS = 2000
@@ -350,13 +351,7 @@ def test_every_repeats_drains_until_sigterm(settings: Settings) -> None:
 def test_summary_says_events_for_missing_skills_are_skipped_for_good(settings: Settings) -> None:
     records = list(generate(200, now_ms=int(time.time() * 1000), skills=5, seed=3))
     assert publish(settings, records) == 200
-    result = subprocess.run(
-        [sys.executable, "-m", "skillstats.cli", "docsync"],
-        env=settings_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = cli(settings, "docsync")
     assert result.returncode == 0, result.stderr
     assert "caught_up" in result.stdout
     assert "events were for skills with no row in `skills`; they are skipped for good" in result.stdout

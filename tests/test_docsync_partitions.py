@@ -10,8 +10,6 @@ restatement of docs/contract.md, kinds, never from the production code.
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 import time
 import uuid
 from collections import defaultdict
@@ -26,9 +24,9 @@ from skillstats.kafka import committed_offsets, end_offsets, partition_count
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.schema import docsync_runs
 from skillstats.workload import Record
-from tests.conftest import settings_env
 from tests.helpers import fences, publish, wait_until
 from tests.test_docsync import actual, docsync, expected, seed_registry
+from tests.test_publish import cli
 
 SKILLS = [f"sk_multi_{i:02d}" for i in range(24)]
 # Most skills have an owner, some none, and every sixth has no row (deleted: skipped, counted).
@@ -259,13 +257,7 @@ def test_fence_ahead_of_the_log_stops_the_drain_loudly(settings: Settings) -> No
     ahead = {p: (f, ends.get(p, 0)) for p, f in fences_before.items() if f > ends.get(p, 0)}
     assert ahead, "the recreated topic is not shorter than the fences"
 
-    result = subprocess.run(
-        [sys.executable, "-m", "skillstats.cli", "docsync"],
-        env=settings_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = cli(settings, "docsync")
     assert result.returncode == 1, result.stdout + result.stderr
     for output in (result.stdout, result.stderr):  # the summary, and the log line
         for p, (fence, end) in ahead.items():
