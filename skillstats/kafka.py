@@ -133,8 +133,6 @@ def watermarks(settings: Settings, topic: str, timeout: float = 10.0) -> dict[in
 
 def commit_offsets(settings: Settings, group: str, topic: str, offsets: dict[int, int], timeout: float = 10.0) -> None:
     """Set a group's committed offsets outright; the group must have no members (its consumers stopped)."""
-    from confluent_kafka.admin import AdminClient
-
     admin = AdminClient(settings.kafka_config())
     described = admin.describe_consumer_groups([group], request_timeout=timeout)[group].result(timeout)
     if described.members:

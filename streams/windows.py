@@ -94,6 +94,7 @@ class WindowsPipeline:
 
     def process(self, raws: Sequence[FetchedRecord]) -> ApplyOutcome:
         records, parcels = decode_batch(raws)
+        prepared = self.sink.prepare(records)  # the fold, and each partition's end, once
         marks: MarkUpdates = {}
         if parcels:
             # A record below its fence was parked (and acknowledged) before the fence
@@ -106,7 +107,7 @@ class WindowsPipeline:
                 for p in parcels
                 if p.record.offset >= (rows[p.record.partition].next_offset if p.record.partition in rows else 0)
             ]
-            marks = self.dead_letters.park(parcels, stored, _batch_end(records), self.stop, self.health)
+            marks = self.dead_letters.park(parcels, stored, prepared.end, self.stop, self.health)
 
         def park_rejected(record: ConsumedRecord, exc: BaseException) -> MarkUpdates:
             raw = next(r for r in raws if (r.partition, r.offset) == (record.partition, record.offset))
@@ -118,17 +119,10 @@ class WindowsPipeline:
             )
 
         outcome = apply_with_recovery(
-            self.sink, records, park_rejected, stop=self.stop, health=self.health, dlq_marks=marks
+            self.sink, prepared, park_rejected, stop=self.stop, health=self.health, dlq_marks=marks
         )
         outcome.parked += len(parcels)
         return outcome
-
-
-def _batch_end(records: Sequence[ConsumedRecord]) -> dict[int, int]:
-    end: dict[int, int] = {}
-    for record in records:
-        end[record.partition] = max(end.get(record.partition, 0), record.offset + 1)
-    return end
 
 
 class SinkThread:
