@@ -67,12 +67,18 @@ class ApplyOutcome:
     parked: int = 0
     retries: int = 0
     next_offsets: dict[int, int] = field(default_factory=dict)
+    # Valid events by kind (invalid records count in `applied`/`replayed` only).
+    applied_kinds: dict[str, int] = field(default_factory=dict)
+    replayed_kinds: dict[str, int] = field(default_factory=dict)
 
     def merge(self, other: ApplyOutcome) -> None:
         self.applied += other.applied
         self.replayed += other.replayed
         self.parked += other.parked
         self.retries += other.retries
+        for mine, theirs in ((self.applied_kinds, other.applied_kinds), (self.replayed_kinds, other.replayed_kinds)):
+            for kind, count in theirs.items():
+                mine[kind] = mine.get(kind, 0) + count
         for partition, next_offset in other.next_offsets.items():
             self.next_offsets[partition] = max(next_offset, self.next_offsets.get(partition, 0))
 
@@ -85,6 +91,7 @@ class Prepared(msgspec.Struct, frozen=True):
     end: dict[int, int]  # partition -> one past the highest offset in the batch
     rising: bool  # every partition's offsets strictly rising in batch order
     folded: Any
+    kinds: dict[str, int]  # valid events by kind
 
 
 def in_offset_order(records: Sequence[ConsumedRecord]) -> list[ConsumedRecord]:
@@ -110,6 +117,7 @@ class FencedSink(PartitionFences, ABC):
         end: dict[int, int] = {}
         rising = True
         events: list[StatEvent] = []
+        kinds: dict[str, int] = {}
         for record in records:
             partition, offset = record.partition, record.offset
             last = end.get(partition)
@@ -121,9 +129,11 @@ class FencedSink(PartitionFences, ABC):
             else:
                 rising = False
                 lowest[partition] = min(lowest[partition], offset)
-            if record.event is not None:
-                events.append(record.event)
-        return Prepared(records, lowest, end, rising, self.fold(events) if rising else None)
+            event = record.event
+            if event is not None:
+                events.append(event)
+                kinds[event.kind] = kinds.get(event.kind, 0) + 1
+        return Prepared(records, lowest, end, rising, self.fold(events) if rising else None, kinds)
 
     def apply(
         self,
@@ -145,6 +155,7 @@ class FencedSink(PartitionFences, ABC):
                 folded = prepared.folded
                 advanced = dict(prepared.end)
                 outcome.applied = len(prepared.records)
+                outcome.applied_kinds = dict(prepared.kinds)
                 fresh_lowest = prepared.lowest
             else:
                 fresh: list[StatEvent] = []
@@ -153,16 +164,22 @@ class FencedSink(PartitionFences, ABC):
                 fresh_lowest = {}
                 for record in prepared.records:
                     key = (record.partition, record.offset)
+                    event = record.event
                     if record.offset < fences[record.partition] or key in seen:
                         outcome.replayed += 1
+                        if event is not None:
+                            replayed = outcome.replayed_kinds
+                            replayed[event.kind] = replayed.get(event.kind, 0) + 1
                         continue
                     seen.add(key)
                     outcome.applied += 1
                     p = record.partition
                     advanced[p] = max(advanced.get(p, 0), record.offset + 1)
                     fresh_lowest[p] = min(fresh_lowest.get(p, record.offset), record.offset)
-                    if record.event is not None:
-                        fresh.append(record.event)
+                    if event is not None:
+                        fresh.append(event)
+                        applied = outcome.applied_kinds
+                        applied[event.kind] = applied.get(event.kind, 0) + 1
                 folded = self.fold(fresh)
             for partition, low in fresh_lowest.items():
                 if low > fences[partition]:

@@ -48,8 +48,11 @@ class PartitionDeltas:
     deltas: dict[str, list[int]] = field(default_factory=dict)
     events: int = 0
     invalid: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)  # valid events by kind
+    invalid_reasons: dict[str, int] = field(default_factory=dict)
 
     def add(self, event: StatEvent) -> None:
+        self.kinds[event.kind] = self.kinds.get(event.kind, 0) + 1
         downloads, all_time, current = event.skill_deltas()
         row = self.deltas.get(event.skill_id)
         if row is None:

@@ -296,7 +296,7 @@ def _latency(settings: Settings, database_url: str, rate: int, seconds: int) -> 
     engine = open_engine(database_url)
     upgrade(engine)
     worker = subprocess.Popen(
-        [sys.executable, "-m", "skillstats.cli", "windows"],
+        [sys.executable, "-m", "skillstats.cli", "windows", "--metrics-port", "0"],
         env={**os.environ, **lat.to_env()},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -387,7 +387,7 @@ def soak(settings: Settings, database_url: str, events: int, skills: int) -> str
     sink = WindowsSink(engine, soaked.windows_group, topic)
     total = sum(end_offsets(soaked, topic).values())
     worker = subprocess.Popen(
-        [sys.executable, "-m", "skillstats.cli", "windows"],
+        [sys.executable, "-m", "skillstats.cli", "windows", "--metrics-port", "0"],
         env={**os.environ, **soaked.to_env()},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -480,7 +480,7 @@ def run(
         results.append(
             _measure(
                 f"c. skillstats windows ({label})",
-                [python, "-m", "skillstats.cli", "windows"],
+                [python, "-m", "skillstats.cli", "windows", "--metrics-port", "0"],
                 {**env, **windows.to_env()},
                 events,
                 _caught_up_sql(sink, ends),

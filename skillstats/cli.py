@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import orjson
 
@@ -52,6 +54,30 @@ def _common_options() -> argparse.ArgumentParser:
     return common
 
 
+# Default metrics ports, one per long-running command, so they can share a host.
+METRICS_PORTS = {"windows": 9310, "lag-exporter": 9311, "docsync": 9312}
+
+
+def _metrics_options(command: str) -> argparse.ArgumentParser:
+    options = argparse.ArgumentParser(add_help=False)
+    group = options.add_argument_group("metrics and health probes (GET /metrics, /healthz, /readyz)")
+    group.add_argument(
+        "--metrics-port",
+        type=_port,
+        # A string default goes through `type` too: a bad SKILLSTATS_METRICS_PORT is a usage error.
+        default=os.environ.get("SKILLSTATS_METRICS_PORT", str(METRICS_PORTS[command])),
+        metavar="PORT",
+        help=f"HTTP port; 0 serves nothing [SKILLSTATS_METRICS_PORT] (default {METRICS_PORTS[command]})",
+    )
+    group.add_argument(
+        "--metrics-host",
+        default=os.environ.get("SKILLSTATS_METRICS_HOST", "0.0.0.0"),
+        metavar="ADDRESS",
+        help="address to listen on [SKILLSTATS_METRICS_HOST] (default 0.0.0.0, every interface)",
+    )
+    return options
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     return Settings.from_env().override(
         kafka_bootstrap=args.bootstrap,
@@ -73,6 +99,12 @@ def _parse_time_ms(text: str) -> int:
     if parsed.tzinfo is None:
         raise argparse.ArgumentTypeError(f"give a timezone (e.g. a trailing Z for UTC): {text!r}")
     return int(parsed.timestamp() * 1000)
+
+
+def _port(text: str) -> int:
+    if not text.strip().isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"not a TCP port (0-65535; 0 serves nothing): {text!r}")
+    return int(text)
 
 
 def _positive(text: str) -> int:
@@ -133,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     windows = commands.add_parser(
         "windows",
-        parents=[common],
+        parents=[common, _metrics_options("windows")],
         help="run the per-day/per-hour worker (faust app)",
         description="Run the consumer group that keeps skill_daily_stats and skill_hourly_stats exact, "
         "seconds behind the stream. Runs until SIGTERM or SIGINT.",
@@ -162,12 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     docsync = commands.add_parser(
         "docsync",
-        parents=[common],
+        parents=[common, _metrics_options("docsync")],
         help="apply skill and owner stat deltas (one bounded drain, or --every)",
         description="Run the consumer group that keeps the skills stat columns and user_skill_stats exact. "
         "By default one bounded drain, then exit (fit for a Kubernetes CronJob): snapshot the end offsets, read "
         "up to them (or to --max-events / --max-seconds), apply each skill's deltas once, print a summary. Exit "
-        "status 0 unless the drain failed. With --every, drain on that cadence until SIGTERM.",
+        "status 0 unless the drain failed. With --every, drain on that cadence until SIGTERM, serving metrics "
+        "(a single drain serves none: the lag-exporter reports the last successful run).",
     )
     docsync.add_argument("--group", help="consumer group id [SKILLSTATS_DOCSYNC_GROUP] (default skillstats-docsync)")
     docsync.add_argument(
@@ -213,6 +246,36 @@ def build_parser() -> argparse.ArgumentParser:
         "records were never counted), --to end counts only what arrives from now on. Without --confirm it "
         "only prints what it would do. Stop the group's consumers first.",
     )
+    exporter = commands.add_parser(
+        "lag-exporter",
+        parents=[common, _metrics_options("lag-exporter")],
+        help="serve both groups' lag (records and seconds) to Prometheus; always on",
+        description="Measure, every --interval seconds, for the windows and docsync groups and every partition: "
+        "committed offset, log end offset, lag in records, and lag in seconds as the age of the oldest record not "
+        "yet consumed (that record is read, its timestamp taken); the groups' state and members; the DLQ's size; "
+        "the last successful docsync run (from SQL). Serves the last measurement on /metrics until SIGTERM, and "
+        "keeps serving while Kafka is unreachable, with skillstats_lag_exporter_up 0. The groups are "
+        "SKILLSTATS_WINDOWS_GROUP and SKILLSTATS_DOCSYNC_GROUP (defaults skillstats-windows, skillstats-docsync).",
+    )
+    exporter.add_argument("--interval", type=float, default=15.0, help="seconds between measurements (default 15)")
+    exporter.add_argument(
+        "--timeout", type=float, default=10.0, help="bound on each Kafka request, in seconds (default 10)"
+    )
+
+    top = commands.add_parser(
+        "top",
+        parents=[common],
+        help="the most downloaded or installed skills of the last days",
+        description="The leaderboard the daily table exists for: per skill, downloads and installs summed over the "
+        "last --days UTC days (today included), from skill_daily_stats.",
+    )
+    top.add_argument("--days", type=_positive, default=7, help="UTC days, today included (default 7)")
+    top.add_argument(
+        "--by", choices=["downloads", "installs"], default="downloads", help="order by (default downloads)"
+    )
+    top.add_argument("--limit", type=_positive, default=20, help="rows (default 20)")
+    top.add_argument("--json", action="store_true", help="machine-readable output")
+
     fences.add_argument("action", choices=["show", "reset"])
     fences.add_argument("--group", help="consumer group (default: both groups for show; required for reset)")
     fences.add_argument("--to", choices=["start", "end"], help="reset target: the log start or the log end")
@@ -358,6 +421,8 @@ def cmd_windows(args: argparse.Namespace, settings: Settings) -> int:
         batch_size=args.batch_size,
         fetch_size=args.fetch_size,
         instance_id=args.instance_id,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
     )
     return EXIT_OK
 
@@ -376,7 +441,60 @@ def cmd_docsync(args: argparse.Namespace, settings: Settings) -> int:
     budget = DrainBudget(
         max_events=args.max_events, max_seconds=args.max_seconds, chunk_partitions=args.chunk_partitions
     )
-    return run(settings, budget, every=every, emit=emit)
+    return run(settings, budget, every=every, emit=emit, metrics_host=args.metrics_host, metrics_port=args.metrics_port)
+
+
+def cmd_lag_exporter(args: argparse.Namespace, settings: Settings) -> int:
+    from skillstats.lag import LagExporter
+    from skillstats.metrics import REGISTRY, MetricsServer, Probes
+    from skillstats.sinks.db import open_engine, sqlite_path
+
+    if args.interval <= 0 or args.timeout <= 0:
+        raise UsageError("--interval and --timeout must be positive")
+    if not args.metrics_port:
+        raise UsageError("the lag-exporter only serves metrics: give it a --metrics-port")
+    path = sqlite_path(settings.database_url)
+
+    def open_database() -> Any:
+        # The exporter never creates a database: until there is one it serves Kafka's view only.
+        if path is not None and not path.exists():
+            raise FileNotFoundError(f"no SQLite database at {path} yet")
+        return open_engine(settings.database_url)
+
+    exporter = LagExporter(settings, interval=args.interval, timeout=args.timeout, open_database=open_database)
+    REGISTRY.register(exporter)
+    try:
+        server = MetricsServer(args.metrics_host, args.metrics_port, Probes(exporter.live, exporter.live), REGISTRY)
+    except OSError as exc:
+        raise UsageError(f"cannot serve on {args.metrics_host}:{args.metrics_port}: {exc.strerror or exc}") from None
+    exporter.start()
+    print(
+        f"skillstats lag-exporter: measuring {settings.windows_group} and {settings.docsync_group} on "
+        f"{settings.topic} every {args.interval:g}s; serving http://{args.metrics_host}:{server.port}/metrics",
+        flush=True,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+    exporter.close()
+    server.close()
+    return EXIT_OK
+
+
+def cmd_top(args: argparse.Namespace, settings: Settings) -> int:
+    from skillstats.sinks.db import open_engine
+    from skillstats.sinks.migrate import require_current
+    from skillstats.top import leaderboard, render
+
+    engine = open_engine(settings.database_url)
+    try:
+        require_current(engine)
+        report = leaderboard(engine, days=args.days, by=args.by, limit=args.limit)
+    finally:
+        engine.dispose()
+    print(render(report, args.json))
+    return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
@@ -450,6 +568,8 @@ COMMANDS = {
     "status": cmd_status,
     "bench": cmd_bench,
     "fences": cmd_fences,
+    "lag-exporter": cmd_lag_exporter,
+    "top": cmd_top,
 }
 
 
@@ -472,6 +592,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(EXIT_USAGE, mask(f"skillstats {args.command}: {exc}\n", secrets))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`skillstats status | head`): nothing is wrong, nothing more to say.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except Exception as exc:
         logging.getLogger("skillstats").debug("failed", exc_info=True)
         print(mask(f"skillstats {args.command}: {type(exc).__name__}: {exc}", secrets), file=sys.stderr)

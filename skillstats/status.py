@@ -1,50 +1,38 @@
-"""`skillstats status`: how far each consumer group is, and the last doc-stats runs."""
+"""`skillstats status`: what an on-call engineer looks at first, on one screen.
+
+Per group: Kafka's view (state, members, committed offsets, lag in records and
+in seconds, measured like the lag-exporter by reading the oldest unconsumed
+record) beside SQL's (the fences, and any fence past its log end, which stops
+the consumers). Then how fresh the windows tables are, the DLQ's size and what
+was parked last, and the last docsync runs. Partitions are listed only where
+something is owed (lag or a fence ahead); `--json` has every partition.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from skillstats.config import Settings
-from skillstats.kafka import committed_offsets, end_offsets
+from skillstats.dlq import newest_parked
+from skillstats.lag import groups_of, measure_lag
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.fences import PartitionFences
 from skillstats.sinks.migrate import require_current
-from skillstats.sinks.schema import docsync_runs
+from skillstats.sinks.schema import docsync_runs, skill_hourly_stats
 
 
-@dataclass
-class GroupStatus:
-    group: str
-    end: int  # records in the topic (sum of end offsets)
-    applied: int  # records below the SQL fences
-    committed: int  # records below Kafka's committed offsets
-    lag: int  # end - applied
-    partitions: dict[int, dict[str, int]]
-    fences_ahead: list[int]  # partitions whose fence is past the log end: the consumers refuse to run
-
-
-def group_status(settings: Settings, engine: Any, group: str, ends: dict[int, int]) -> GroupStatus:
-    fences = PartitionFences(engine, group, settings.topic).fences()
-    committed = committed_offsets(settings, group, settings.topic)
-    partitions = {
-        p: {"end": end, "applied": fences.get(p, 0), "committed": committed.get(p, 0), "lag": end - fences.get(p, 0)}
-        for p, end in sorted(ends.items())
-    }
-    applied = sum(v["applied"] for v in partitions.values())
-    ahead = sorted(p for p, f in fences.items() if f > ends.get(p, 0))
-    return GroupStatus(
-        group,
-        sum(ends.values()),
-        applied,
-        sum(v["committed"] for v in partitions.values()),
-        sum(ends.values()) - applied,
-        partitions,
-        ahead,
-    )
+def _iso(moment: datetime | float | None) -> str | None:
+    if moment is None:
+        return None
+    if isinstance(moment, int | float):
+        moment = datetime.fromtimestamp(moment, UTC)
+    elif moment.tzinfo is None:  # the tables keep naive UTC
+        moment = moment.replace(tzinfo=UTC)
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def recent_runs(engine: Any, group: str, limit: int = 5) -> list[dict[str, Any]]:
@@ -52,43 +40,155 @@ def recent_runs(engine: Any, group: str, limit: int = 5) -> list[dict[str, Any]]
         rows = connection.execute(
             select(docsync_runs).where(docsync_runs.c.group_id == group).order_by(docsync_runs.c.id.desc()).limit(limit)
         ).mappings()
-        return [{k: (v.isoformat() + "Z" if hasattr(v, "isoformat") else v) for k, v in row.items()} for row in rows]
+        return [{k: (_iso(v) if isinstance(v, datetime) else v) for k, v in row.items()} for row in rows]
 
 
-def status(settings: Settings) -> dict[str, Any]:
+def windows_freshness(engine: Any) -> dict[str, str | None]:
+    """The newest hour with data in skill_hourly_stats, and when a row was last written."""
+    with engine.connect() as connection:
+        newest, updated = connection.execute(
+            select(func.max(skill_hourly_stats.c.hour), func.max(skill_hourly_stats.c.updated_at))
+        ).one()
+    return {"newest_hour": _iso(newest), "last_written": _iso(updated)}
+
+
+def status(settings: Settings, dlq_rows: int = 5) -> dict[str, Any]:
     engine = open_engine(settings.database_url)
     require_current(engine)
     try:
-        ends = end_offsets(settings, settings.topic)
-        groups = [group_status(settings, engine, g, ends) for g in (settings.windows_group, settings.docsync_group)]
+        applied = {
+            group: PartitionFences(engine, group, settings.topic).fences() for group, _role in groups_of(settings)
+        }
+        snapshot = measure_lag(settings, applied=applied)
+        groups = []
+        for group in snapshot.groups:
+            fences = applied[group.group]
+            partitions = [
+                {
+                    "partition": p.partition,
+                    "log_start": p.log_start,
+                    "log_end": p.log_end,
+                    "committed": p.committed,
+                    "fence": fences.get(p.partition),
+                    "lag_records": p.lag_records,
+                    "lag_seconds": None if p.lag_seconds is None else round(p.lag_seconds, 3),
+                    "oldest_pending": _iso(p.oldest_pending_ms / 1000) if p.oldest_pending_ms is not None else None,
+                }
+                for p in group.partitions
+            ]
+            ends = {p.partition: p.log_end for p in group.partitions}
+            groups.append(
+                {
+                    "group": group.group,
+                    "role": group.role,
+                    "state": group.state,
+                    "members": group.members,
+                    "lag_records": group.lag_records,
+                    "lag_seconds": None if group.lag_seconds is None else round(group.lag_seconds, 3),
+                    "applied": sum(fences.values()),
+                    "fences_ahead": sorted(p for p, f in fences.items() if f > ends.get(p, 0)),
+                    "partitions": partitions,
+                }
+            )
+        dlq: dict[str, Any] | None = None
+        if snapshot.dlq is not None:
+            dlq = {
+                "topic": snapshot.dlq.name,
+                "records": sum(end - start for start, end in snapshot.dlq.partitions.values()),
+                "newest": [
+                    {**vars(r), "parked_at": _iso(r.parked_at_ms / 1000) if r.parked_at_ms is not None else None}
+                    for r in newest_parked(settings, snapshot.dlq.partitions, dlq_rows)
+                ],
+            }
         return {
+            "measured_at": _iso(snapshot.measured_at),
             "topic": settings.topic,
-            "groups": [asdict(g) for g in groups],
+            "records": sum(end for _start, end in snapshot.topic.partitions.values()),
+            "partitions": len(snapshot.topic.partitions),
+            "retention_seconds": None if snapshot.topic.retention_ms is None else snapshot.topic.retention_ms / 1000,
+            "groups": groups,
+            "windows_tables": windows_freshness(engine),
+            "dlq": dlq,
             "docsync_runs": recent_runs(engine, settings.docsync_group),
         }
     finally:
         engine.dispose()
 
 
-def render(report: dict[str, Any], as_json: bool) -> str:
+def age(seconds: float | None) -> str:
+    """3s, 4m05s, 2h13m, 3d04h; '?' when unknown."""
+    if seconds is None:
+        return "?"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def render(report: dict[str, Any], as_json: bool, partition_lines: int = 12) -> str:
     if as_json:
         return json.dumps(report, sort_keys=True)
-    lines = [f"topic {report['topic']}"]
+    retention = age(report["retention_seconds"]) if report["retention_seconds"] is not None else "unlimited"
+    lines = [
+        f"topic {report['topic']}: {report['partitions']} partitions, {report['records']:,} records ever written, "
+        f"retention {retention} (at {report['measured_at']})",
+        "",
+        f"  {'group':<24} {'state':<12} {'members':>7} {'applied (SQL)':>14} {'lag records':>12}  lag (oldest pending)",
+    ]
     for group in report["groups"]:
         lines.append(
-            f"  {group['group']:<28} applied {group['applied']:>12,} of {group['end']:>12,}  lag {group['lag']:>10,}"
-            f"  (Kafka committed {group['committed']:,})"
+            f"  {group['group']:<24} {group['state']:<12} {group['members']:>7} {group['applied']:>14,} "
+            f"{group['lag_records']:>12,}  {age(group['lag_seconds'])}"
         )
+    owed = [
+        (g, p)
+        for g in report["groups"]
+        for p in g["partitions"]
+        if p["lag_records"] or p["partition"] in g["fences_ahead"]
+    ]
+    if owed:
+        lines += ["", "  partitions with lag:"]
+        for group, p in owed[:partition_lines]:
+            committed = "none" if p["committed"] is None else f"{p['committed']:,}"
+            fence = "none" if p["fence"] is None else f"{p['fence']:,}"
+            lines.append(
+                f"    {group['group']:<22} p{p['partition']:<3} end {p['log_end']:>9,}  committed {committed:>9}  "
+                f"fence {fence:>9}  lag {p['lag_records']:>7,}  oldest {p['oldest_pending'] or '-'} "
+                f"({age(p['lag_seconds'])})"
+            )
+        if len(owed) > partition_lines:
+            lines.append(f"    ... and {len(owed) - partition_lines} more (--json lists every partition)")
+    for group in report["groups"]:
         if group["fences_ahead"]:
             lines.append(
-                f"    FENCE AHEAD OF LOG on partition(s) {group['fences_ahead']}: the topic was recreated or the "
-                f"database restored; the consumers refuse to run (see `skillstats fences --help`)"
+                f"  FENCE AHEAD OF LOG: {group['group']} partition(s) {group['fences_ahead']}: the topic was recreated "
+                f"or the database restored; the consumers refuse to run (see `skillstats fences --help`)"
+            )
+    tables = report["windows_tables"]
+    lines += [
+        "",
+        f"windows tables: newest hour with data {tables['newest_hour'] or 'none yet'}, "
+        f"last written {tables['last_written'] or 'never'}",
+    ]
+    dlq = report["dlq"]
+    if dlq is None:
+        lines.append("DLQ: the topic does not exist (run `skillstats init`)")
+    else:
+        lines.append(f"DLQ {dlq['topic']}: {dlq['records']:,} records" + (", newest:" if dlq["newest"] else ""))
+        for parked in dlq["newest"]:
+            lines.append(
+                f"  {parked['parked_at'] or '?':<20} {parked['reason']:<20} p{parked['source_partition']}@"
+                f"{parked['source_offset']}  {parked['message'][:70]}"
             )
     lines.append("recent docsync runs:")
     for run in report["docsync_runs"] or []:
         lines.append(
             f"  #{run['id']:<5} started {run['started_at']}  {run['stopped_reason'] or 'running/killed':<14} "
-            f"events {run['events_read']:,}, skills {run['skills_updated']:,}"
+            f"events {run['events_read'] or 0:,}, skills {run['skills_updated'] or 0:,}"
             + (f", error: {run['last_error']}" if run["last_error"] else "")
         )
     if not report["docsync_runs"]:

@@ -44,6 +44,7 @@ from sqlalchemy import insert, update
 from skillstats.config import Settings
 from skillstats.contract import Invalid, decode
 from skillstats.kafka import KafkaUnreachable, end_offsets
+from skillstats.metrics import drain_finished, serve
 from skillstats.retry import Backoff
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.docstats import DocStatsSink, PartitionDeltas
@@ -70,6 +71,8 @@ class DrainSummary:
     stopped_reason: str = CAUGHT_UP
     error: str | None = None
     lost_partitions: list[int] = field(default_factory=list)
+    applied_kinds: dict[str, int] = field(default_factory=dict)  # valid events of the partitions applied, by kind
+    invalid_reasons: dict[str, int] = field(default_factory=dict)  # of the partitions applied
 
     @property
     def ok(self) -> bool:
@@ -260,6 +263,8 @@ class DocSync:
             decoded = decode(message.key(), message.value(), ts if ts_type != TIMESTAMP_NOT_AVAILABLE else None)
             if isinstance(decoded, Invalid):
                 part.invalid += 1
+                reason = decoded.reason.value
+                part.invalid_reasons[reason] = part.invalid_reasons.get(reason, 0) + 1
             else:
                 part.add(decoded)
             part.events += 1
@@ -334,6 +339,11 @@ class DocSync:
                 summary.partitions_applied += outcome.partitions
                 summary.lost_partitions += outcome.lost_to_another_writer
                 applied = [p for p in batch if p.partition not in outcome.lost_to_another_writer]
+                for part in applied:  # counted once: a partition not applied is read again next drain
+                    for kind, count in part.kinds.items():
+                        summary.applied_kinds[kind] = summary.applied_kinds.get(kind, 0) + count
+                    for reason, count in part.invalid_reasons.items():
+                        summary.invalid_reasons[reason] = summary.invalid_reasons.get(reason, 0) + count
                 self._commit(consumer, applied)
         finally:
             consumer.close()
@@ -398,9 +408,23 @@ def parse_interval(text: str) -> float:
     return value
 
 
-def run(settings: Settings, budget: DrainBudget, *, every: float | None, emit: Callable[[DrainSummary], Any]) -> int:
-    """One drain (exit status 0 unless it failed), or one per `every` seconds until SIGTERM."""
+def run(
+    settings: Settings,
+    budget: DrainBudget,
+    *,
+    every: float | None,
+    emit: Callable[[DrainSummary], Any],
+    metrics_host: str = "0.0.0.0",
+    metrics_port: int = 0,
+) -> int:
+    """One drain (exit status 0 unless it failed), or one per `every` seconds until SIGTERM.
+
+    Metrics are served only with `every` (a CronJob's pod lives too briefly to be
+    scraped: the lag-exporter reports the last successful run from SQL instead).
+    """
     sync = DocSync(settings, budget)
+    if every is not None and metrics_port:
+        serve(metrics_host, metrics_port)
 
     def on_signal(_signum: int, _frame: Any) -> None:
         sync.stop.set()
@@ -410,6 +434,14 @@ def run(settings: Settings, budget: DrainBudget, *, every: float | None, emit: C
     while True:
         began = time.monotonic()
         summary = sync.drain()
+        drain_finished(
+            settings.docsync_group,
+            summary.stopped_reason,
+            summary.duration_seconds,
+            summary.applied_kinds,
+            summary.invalid_reasons,
+            summary.unknown_skill_events,
+        )
         emit(summary)
         if every is None or sync.stop.is_set():
             return 0 if summary.ok else 1

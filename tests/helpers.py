@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import date, datetime, timedelta
@@ -239,3 +242,19 @@ def murmur2_partition(key: bytes, partitions: int) -> int:
     h = (h * m) & 0xFFFFFFFF
     h ^= h >> 15
     return (h & 0x7FFFFFFF) % partitions
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""

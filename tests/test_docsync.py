@@ -22,7 +22,7 @@ from skillstats.sinks.schema import docsync_runs, skills, user_skill_stats
 from skillstats.streams.docsync import DocSync, DrainBudget, DrainSummary
 from skillstats.workload import Record, generate, skill_ids
 from tests.conftest import record_metric, settings_env
-from tests.helpers import publish, wait_until
+from tests.helpers import free_port, get, publish, wait_until
 from tests.test_publish import cli
 
 EVENTS = 60_000
@@ -307,8 +307,10 @@ def test_status_shows_lag_and_runs(loaded: tuple[Settings, list[Record], dict[st
     report = json.loads(result.stdout)
     groups = {g["group"]: g for g in report["groups"]}
     assert groups[settings.docsync_group]["applied"] == 25000
-    assert groups[settings.docsync_group]["lag"] == EVENTS - 25000
-    assert groups[settings.windows_group]["lag"] == EVENTS  # no windows worker ran
+    assert groups[settings.docsync_group]["lag_records"] == EVENTS - 25000
+    assert groups[settings.docsync_group]["lag_seconds"] > 0
+    assert groups[settings.windows_group]["lag_records"] == EVENTS  # no windows worker ran
+    assert groups[settings.windows_group]["state"] == "DEAD" and groups[settings.windows_group]["members"] == 0
     assert [r["stopped_reason"] for r in report["docsync_runs"]] == ["budget"]
 
 
@@ -331,8 +333,9 @@ def test_every_repeats_drains_until_sigterm(settings: Settings) -> None:
     from skillstats.contract import make_event
 
     seed_registry(settings, {"sk_1": "u1"})
+    port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "skillstats.cli", "docsync", "--every", "0.5s", "--json"],
+        [sys.executable, "-m", "skillstats.cli", "docsync", "--every", "0.5s", "--json", "--metrics-port", str(port)],
         env=settings_env(settings),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -342,6 +345,13 @@ def test_every_repeats_drains_until_sigterm(settings: Settings) -> None:
     first = json.loads(process.stdout.readline())
     publish(settings, [Record(b"sk_1", make_event("sk_1", "download", int(time.time() * 1000)).encode(), True)])
     later = [json.loads(process.stdout.readline()) for _ in range(3)]
+    # The long-running form serves its runs' metrics.
+    status, body = get(f"http://127.0.0.1:{port}/metrics")
+    group = settings.docsync_group
+    assert status == 200
+    assert f'skillstats_docsync_runs_total{{group="{group}",result="caught_up"}}' in body
+    assert f'skillstats_events_total{{group="{group}",kind="download",outcome="applied"}} 1.0' in body
+    assert get(f"http://127.0.0.1:{port}/healthz") == (200, "ok\n")
     process.send_signal(signal.SIGTERM)
     assert process.wait(60) == 0
     assert first["events_read"] == 0 and sum(s["events_read"] for s in later) == 1

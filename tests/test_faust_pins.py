@@ -69,3 +69,16 @@ def test_rebalance_signals_are_public_and_sent_with_the_partitions() -> None:
     source = inspect.getsource(base.App)
     assert "self.on_partitions_revoked.send)(revoked)" in source
     assert "self.on_partitions_assigned.send)(assigned)" in source
+
+
+def test_the_livelock_check_goes_through_verify_event_path_and_misfires_on_a_batch_drain() -> None:
+    """faust's livelock detector calls the public verify_event_path per assigned partition,
+    which FencedConsumer replaces: the checks behind it read the per-message stream's
+    inbound times, which the batch drain never sets, so they would report a healthy
+    worker at ERROR (its health is /healthz, the degraded state and the lag alerts)."""
+    detector = inspect.getsource(faust_consumer.Consumer.verify_all_partitions_active)
+    assert "self.verify_event_path(now, tp)" in detector
+    faust_check = inspect.getsource(aiokafka_driver.AIOKafkaConsumerThread.verify_event_path)
+    assert "monitor.stream_inbound_time.get(tp)" in faust_check
+    assert FencedConsumer.verify_event_path is not aiokafka_driver.Consumer.verify_event_path
+    assert FencedConsumer.verify_event_path(None, 0.0, None) is None  # type: ignore[arg-type]

@@ -53,7 +53,7 @@ def main() -> int:
     env = {**os.environ, **settings.to_env()}
     with log_path.open("wb") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "skillstats.cli", "windows", "--log-level", "info"],
+            [sys.executable, "-m", "skillstats.cli", "windows", "--log-level", "info", "--metrics-port", "0"],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -28,6 +28,7 @@ ensure_debian_tools() {
   command -v kcat >/dev/null || missing+=(kcat)
   command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
   command -v mvn >/dev/null || missing+=(maven)
+  command -v promtool >/dev/null || missing+=(prometheus) # prometheus and promtool, for the alert tests
   ((${#missing[@]})) || return 0
   say "installing Debian packages: ${missing[*]}"
   [[ $(id -u) -eq 0 ]] || sudo=sudo

@@ -31,6 +31,9 @@ deploy/local/kafka.sh status >/dev/null 2>&1 || { started_kafka=1; deploy/local/
 deploy/local/postgres.sh status >/dev/null 2>&1 || { started_pg=1; deploy/local/postgres.sh start >/dev/null; }
 say "ruff"
 ruff check skillstats streams sinks tests deploy
+say "promtool: the alert rules"
+promtool check rules deploy/prometheus/skillstats-rules.yml
+(cd deploy/prometheus && promtool test rules skillstats-rules.test.yml)
 say "pytest"
 mkdir -p .local && : >"$SKILLSTATS_TEST_METRICS"
 status=0

@@ -1,0 +1,253 @@
+"""Lag in records and seconds, measured against a real broker (skillstats/lag.py)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from prometheus_client.core import Metric
+from sqlalchemy import insert
+
+from skillstats.config import Settings
+from skillstats.kafka import commit_offsets, ensure_topics
+from skillstats.lag import DOCSYNC, WINDOWS, LagExporter, LagProbe, PartitionLag, groups_of, measure_lag
+from skillstats.sinks.db import open_engine
+from skillstats.sinks.migrate import upgrade
+from skillstats.sinks.schema import docsync_runs, partition_fences
+
+# Partition 0: five records, 5000 .. 1000 seconds older than the test's start.
+AGES_S = [5000, 4000, 3000, 2000, 1000]
+
+
+@pytest.fixture
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@pytest.fixture
+def lag_settings(kafka_bootstrap: str, now_ms: int) -> Iterator[Settings]:
+    run = uuid.uuid4().hex[:10]
+    settings = Settings(
+        kafka_bootstrap=kafka_bootstrap,
+        database_url="sqlite:///unused.db",
+        topic=f"lag-{run}",
+        dlq_topic=f"lag-{run}.dlq",
+        windows_group=f"windows-{run}",
+        docsync_group=f"docsync-{run}",
+    )
+    ensure_topics(settings, {settings.topic: 4, settings.dlq_topic: 2})
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for age in AGES_S:
+        producer.produce(settings.topic, b"x", b"k", partition=0, timestamp=now_ms - age * 1000)
+    producer.produce(settings.dlq_topic, b"parked", b"k", partition=1)
+    assert producer.flush(30) == 0
+    yield settings
+
+
+def partition(snapshot_groups: list, role: str, number: int) -> PartitionLag:
+    group = next(g for g in snapshot_groups if g.role == role)
+    return next(p for p in group.partitions if p.partition == number)
+
+
+def test_lag_seconds_is_the_age_of_the_record_at_the_committed_offset(lag_settings: Settings, now_ms: int) -> None:
+    commit_offsets(lag_settings, lag_settings.windows_group, lag_settings.topic, {0: 2})
+    probe = LagProbe(lag_settings, timeout=10)
+    try:
+        before = time.time()
+        snapshot = probe.measure(groups_of(lag_settings))
+        after = time.time()
+    finally:
+        probe.close()
+
+    windows = partition(snapshot.groups, WINDOWS, 0)
+    assert (windows.committed, windows.log_end, windows.lag_records) == (2, 5, 3)
+    # The record at offset 2 was read: its timestamp, not an interpolation.
+    assert windows.oldest_pending_ms == now_ms - 3000 * 1000
+    assert windows.lag_seconds is not None
+    assert before - now_ms / 1000 + 3000 - 1 <= windows.lag_seconds <= after - now_ms / 1000 + 3000 + 1
+
+    # docsync never committed: reported as missing (None, never -1), measured from the log start.
+    docsync = partition(snapshot.groups, DOCSYNC, 0)
+    assert docsync.committed is None
+    assert (docsync.lag_records, docsync.oldest_pending_ms) == (5, now_ms - 5000 * 1000)
+
+    # An empty partition owes nothing, in records or seconds.
+    empty = partition(snapshot.groups, WINDOWS, 1)
+    assert (empty.committed, empty.lag_records, empty.lag_seconds) == (None, 0, 0.0)
+
+    group = next(g for g in snapshot.groups if g.role == DOCSYNC)
+    assert group.members == 0 and group.state in ("DEAD", "EMPTY")
+    assert snapshot.dlq is not None and snapshot.dlq.partitions[1] == (0, 1)
+    assert snapshot.topic.retention_ms is not None and snapshot.topic.retention_ms > 0
+
+
+def test_only_transaction_markers_pending_is_no_age(lag_settings: Settings) -> None:
+    """A committed offset parked on a commit marker, or before an aborted transaction, owes no record."""
+    producer = Producer({"bootstrap.servers": lag_settings.kafka_bootstrap, "transactional.id": uuid.uuid4().hex})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(lag_settings.topic, b"committed", b"k", partition=2)
+    producer.commit_transaction(30)  # offsets: 0 record, 1 commit marker
+    producer.begin_transaction()
+    producer.produce(lag_settings.topic, b"aborted", b"k", partition=3)
+    producer.flush(30)  # written before the abort (abort_transaction purges what is unsent)
+    producer.abort_transaction(30)  # offsets: 0 aborted record, 1 abort marker
+    commit_offsets(lag_settings, lag_settings.windows_group, lag_settings.topic, {2: 1, 3: 0})
+    snapshot = measure_lag(lag_settings)
+    marker = partition(snapshot.groups, WINDOWS, 2)
+    assert (marker.lag_records, marker.oldest_pending_ms, marker.lag_seconds) == (1, None, 0.0)
+    aborted = partition(snapshot.groups, WINDOWS, 3)
+    assert (aborted.lag_records, aborted.oldest_pending_ms, aborted.lag_seconds) == (2, None, 0.0)
+    # docsync, from the log start of partition 2, is handed the committed record.
+    assert partition(snapshot.groups, DOCSYNC, 2).oldest_pending_ms is not None
+
+
+def test_records_deleted_below_a_committed_offset_show_as_loss(lag_settings: Settings, now_ms: int) -> None:
+    commit_offsets(lag_settings, lag_settings.windows_group, lag_settings.topic, {0: 1})
+    admin = AdminClient({"bootstrap.servers": lag_settings.kafka_bootstrap})
+    deleted = admin.delete_records([TopicPartition(lag_settings.topic, 0, 3)])
+    for future in deleted.values():
+        future.result(30)
+    snapshot = measure_lag(lag_settings)
+    windows = partition(snapshot.groups, WINDOWS, 0)
+    # The committed offset stays what it is (below the log start: records lost), and the
+    # lag counts what can still be read, from the log start.
+    assert (windows.log_start, windows.committed, windows.lag_records) == (3, 1, 2)
+    assert windows.oldest_pending_ms == now_ms - 2000 * 1000
+    assert windows.lost_to_retention == 2
+    # docsync never started: nothing of its own was lost.
+    assert partition(snapshot.groups, DOCSYNC, 0).lost_to_retention == 0
+
+
+def test_an_open_transaction_is_measured_by_its_first_record(lag_settings: Settings, now_ms: int) -> None:
+    """Everything after an open transaction waits for it: its first record is the oldest pending."""
+    producer = Producer({"bootstrap.servers": lag_settings.kafka_bootstrap, "transactional.id": uuid.uuid4().hex})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(lag_settings.topic, b"open", b"k", partition=1, timestamp=now_ms - 700_000)
+    producer.flush(30)
+    plain = Producer({"bootstrap.servers": lag_settings.kafka_bootstrap})
+    plain.produce(lag_settings.topic, b"after", b"k", partition=1, timestamp=now_ms - 100_000)
+    assert plain.flush(30) == 0
+    try:
+        snapshot = measure_lag(lag_settings)
+    finally:
+        producer.abort_transaction(30)
+    held = partition(snapshot.groups, WINDOWS, 1)
+    assert held.lag_records == 2
+    assert held.oldest_pending_ms == now_ms - 700_000
+    assert held.lag_seconds is not None and held.lag_seconds >= 700
+
+
+def test_the_sql_fence_counts_where_the_kafka_commit_trails_it(lag_settings: Settings) -> None:
+    """A commit that timed out leaves Kafka behind the fence: the group has consumed up to the fence."""
+    commit_offsets(lag_settings, lag_settings.windows_group, lag_settings.topic, {0: 1})
+    snapshot = measure_lag(lag_settings, applied={lag_settings.windows_group: {0: 5}})
+    caught_up = partition(snapshot.groups, WINDOWS, 0)
+    assert (caught_up.committed, caught_up.applied, caught_up.lag_records, caught_up.lag_seconds) == (1, 5, 0, 0.0)
+
+
+def samples(collector: LagExporter) -> dict[str, list[tuple[dict[str, str], float]]]:
+    families: list[Metric] = list(collector.collect())
+    return {f.name: [(s.labels, s.value) for s in f.samples] for f in families}
+
+
+def test_exporter_serves_the_measurement_and_reports_missing_commits(lag_settings: Settings) -> None:
+    commit_offsets(lag_settings, lag_settings.windows_group, lag_settings.topic, {0: 4})
+    exporter = LagExporter(lag_settings, interval=60, timeout=10)
+    exporter.refresh()
+    got = samples(exporter)
+    assert got["skillstats_lag_exporter_up"] == [({}, 1.0)]
+    assert got["skillstats_consumer_applied_offset"] == []  # no database given: no fences
+    committed = {(s["role"], s["partition"]): v for s, v in got["skillstats_consumer_committed_offset"]}
+    assert committed == {(WINDOWS, "0"): 4.0}  # no series at all where nothing was committed
+    has = {(s["role"], s["partition"]): v for s, v in got["skillstats_consumer_has_committed_offset"]}
+    assert has[(WINDOWS, "0")] == 1.0 and has[(DOCSYNC, "0")] == 0.0 and has[(WINDOWS, "1")] == 0.0
+    lag = {(s["role"], s["partition"]): v for s, v in got["skillstats_consumer_lag_records"]}
+    assert lag[(WINDOWS, "0")] == 1 and lag[(DOCSYNC, "0")] == 5
+    seconds = {(s["role"], s["partition"]): v for s, v in got["skillstats_consumer_lag_seconds"]}
+    assert 1000 <= seconds[(WINDOWS, "0")] < 1100 and 5000 <= seconds[(DOCSYNC, "0")] < 5100
+    assert got["skillstats_dlq_records"] == [({"topic": lag_settings.dlq_topic}, 1.0)]
+    members = {s["role"]: v for s, v in got["skillstats_consumer_group_members"]}
+    assert members == {WINDOWS: 0.0, DOCSYNC: 0.0}
+
+
+def test_exporter_keeps_serving_while_kafka_is_unreachable(lag_settings: Settings) -> None:
+    exporter = LagExporter(lag_settings, interval=1, timeout=1)
+    exporter.refresh()
+    measured = exporter.snapshot
+    assert measured is not None and samples(exporter)["skillstats_lag_exporter_up"] == [({}, 1.0)]
+    # Kafka goes away: one failed measurement keeps the last good one served (the alerts'
+    # `for` must not restart on every blip) ...
+    exporter.settings = Settings(kafka_bootstrap="127.0.0.1:9", topic=lag_settings.topic)
+    exporter._probe = None
+    exporter.refresh()
+    got = samples(exporter)
+    assert got["skillstats_lag_exporter_up"] == [({}, 0.0)]
+    assert got["skillstats_consumer_lag_records"] != []
+    assert got["skillstats_lag_exporter_last_success_timestamp_seconds"] == [({}, exporter.last_success)]
+    # ... until it is older than keep_for; then no stale or invented lag at all.
+    measured.measured_at -= exporter.keep_for + 1
+    exporter.refresh()
+    got = samples(exporter)
+    assert got["skillstats_consumer_lag_records"] == [] and got["skillstats_consumer_lag_seconds"] == []
+    assert exporter.live() is None  # measurements complete (and fail): alive
+
+
+def test_exporter_reads_fences_and_the_last_successful_drain_from_the_database(
+    lag_settings: Settings, tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path}/s.db"
+    exporter = LagExporter(lag_settings, interval=60, timeout=10, open_database=lambda: open_engine(url))
+    exporter.read_database()
+    assert not exporter.database_up  # no schema yet: down, and said so, not a crash
+    engine = open_engine(url)
+    upgrade(engine)
+    finished = datetime(2026, 11, 30, 6, 0, 0)
+    with engine.begin() as connection:
+        connection.execute(
+            insert(partition_fences),
+            [
+                {
+                    "group_id": lag_settings.windows_group,
+                    "topic": lag_settings.topic,
+                    "partition": 0,
+                    "next_offset": 5,
+                    "updated_at": finished,
+                }
+            ],
+        )
+        connection.execute(
+            insert(docsync_runs),
+            [
+                {
+                    "group_id": lag_settings.docsync_group,
+                    "started_at": finished,
+                    "finished_at": finished,
+                    "stopped_reason": "caught_up",
+                },
+                {
+                    "group_id": lag_settings.docsync_group,
+                    "started_at": finished,
+                    "finished_at": finished.replace(hour=7),
+                    "stopped_reason": "error",
+                },
+            ],
+        )
+    exporter.read_database()
+    exporter.refresh()
+    got = samples(exporter)
+    assert got["skillstats_lag_exporter_database_up"] == [({}, 1.0)]
+    assert got["skillstats_docsync_last_success_timestamp_seconds"] == [
+        ({"group": lag_settings.docsync_group}, finished.replace(tzinfo=UTC).timestamp())
+    ]
+    applied = {(s["role"], s["partition"]): v for s, v in got["skillstats_consumer_applied_offset"]}
+    assert applied == {(WINDOWS, "0"): 5.0}
+    lag = {(s["role"], s["partition"]): v for s, v in got["skillstats_consumer_lag_records"]}
+    assert lag[(WINDOWS, "0")] == 0 and lag[(DOCSYNC, "0")] == 5
