@@ -182,10 +182,18 @@ class LagProbe:
         )
 
     def _list_offsets(self, topic: str, partitions: list[int], spec: OffsetSpec) -> dict[int, int]:
-        futures = self.admin.list_offsets(
-            {TopicPartition(topic, p): spec for p in partitions}, request_timeout=self.timeout
-        )
-        return {tp.partition: future.result(self.timeout).offset for tp, future in futures.items()}
+        for attempt in range(3):
+            futures = self.admin.list_offsets(
+                {TopicPartition(topic, p): spec for p in partitions}, request_timeout=self.timeout
+            )
+            try:
+                return {tp.partition: future.result(self.timeout).offset for tp, future in futures.items()}
+            except KafkaException as exc:
+                # A leader moving (a broker restart, a topic just created) is worth a second look.
+                if attempt == 2 or not exc.args or not exc.args[0].retriable():
+                    raise
+                time.sleep(0.5)
+        raise AssertionError("unreachable")
 
     def _retention_ms(self, topic: str) -> int | None:
         resource = ConfigResource(ResourceType.TOPIC, topic)

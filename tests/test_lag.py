@@ -20,6 +20,7 @@ from skillstats.lag import DOCSYNC, WINDOWS, LagExporter, LagProbe, PartitionLag
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.migrate import upgrade
 from skillstats.sinks.schema import docsync_runs, partition_fences
+from tests.helpers import wait_until
 
 # Partition 0: five records, 5000 .. 1000 seconds older than the test's start.
 AGES_S = [5000, 4000, 3000, 2000, 1000]
@@ -179,13 +180,13 @@ def test_exporter_serves_the_measurement_and_reports_missing_commits(lag_setting
 
 
 def test_exporter_keeps_serving_while_kafka_is_unreachable(lag_settings: Settings) -> None:
-    exporter = LagExporter(lag_settings, interval=1, timeout=1)
-    exporter.refresh()
-    measured = exporter.snapshot
-    assert measured is not None and samples(exporter)["skillstats_lag_exporter_up"] == [({}, 1.0)]
+    exporter = LagExporter(lag_settings, interval=1, timeout=10)
+    measured = wait_until(lambda: exporter.refresh() or exporter.snapshot, 60, "a first measurement")
+    assert samples(exporter)["skillstats_lag_exporter_up"] == [({}, 1.0)]
     # Kafka goes away: one failed measurement keeps the last good one served (the alerts'
     # `for` must not restart on every blip) ...
     exporter.settings = Settings(kafka_bootstrap="127.0.0.1:9", topic=lag_settings.topic)
+    exporter.timeout = 1
     exporter._probe = None
     exporter.refresh()
     got = samples(exporter)
