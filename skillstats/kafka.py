@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -13,8 +14,35 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from skillstats.config import Settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Headers = list[tuple[str, bytes]]
+
+# What a broker answers while a coordinator or a partition leader is moving (a broker
+# restart, a cluster or topic just created): worth asking again shortly.
+_MOVING = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+    }
+)
+
+
+def while_moving(call: Callable[[], T], timeout: float) -> T:
+    """Run an admin request, again while Kafka says a coordinator or leader is moving, for up to `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            moving = isinstance(error, KafkaError) and (error.retriable() or error.code() in _MOVING)
+            if not moving or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +162,9 @@ def watermarks(settings: Settings, topic: str, timeout: float = 10.0) -> dict[in
 def commit_offsets(settings: Settings, group: str, topic: str, offsets: dict[int, int], timeout: float = 10.0) -> None:
     """Set a group's committed offsets outright; the group must have no members (its consumers stopped)."""
     admin = AdminClient(settings.kafka_config())
-    described = admin.describe_consumer_groups([group], request_timeout=timeout)[group].result(timeout)
+    described = while_moving(
+        lambda: admin.describe_consumer_groups([group], request_timeout=timeout)[group].result(timeout), timeout
+    )
     if described.members:
         raise RuntimeError(f"group {group!r} has {len(described.members)} active member(s); stop its consumers first")
     consumer = Consumer(settings.kafka_config(**{"group.id": group, "enable.auto.commit": False}))

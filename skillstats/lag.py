@@ -54,7 +54,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
 from skillstats.config import Settings
-from skillstats.kafka import KafkaUnreachable
+from skillstats.kafka import KafkaUnreachable, while_moving
 from skillstats.sinks.fences import PartitionFences
 from skillstats.sinks.schema import docsync_runs
 
@@ -162,9 +162,7 @@ class LagProbe:
         except LookupError:
             dlq = None
         seen: dict[tuple[int, int], int] = {}  # (partition, position) -> oldest pending, across groups
-        measured = [
-            self.group_lag(group, role, topic, now, seen, (applied or {}).get(group)) for group, role in groups
-        ]
+        measured = [self.group_lag(group, role, topic, now, seen, (applied or {}).get(group)) for group, role in groups]
         return LagSnapshot(now, topic, dlq, measured)
 
     def topic_offsets(self, name: str, *, retention: bool = True) -> TopicOffsets:
@@ -182,18 +180,13 @@ class LagProbe:
         )
 
     def _list_offsets(self, topic: str, partitions: list[int], spec: OffsetSpec) -> dict[int, int]:
-        for attempt in range(3):
+        def ask() -> dict[int, int]:
             futures = self.admin.list_offsets(
                 {TopicPartition(topic, p): spec for p in partitions}, request_timeout=self.timeout
             )
-            try:
-                return {tp.partition: future.result(self.timeout).offset for tp, future in futures.items()}
-            except KafkaException as exc:
-                # A leader moving (a broker restart, a topic just created) is worth a second look.
-                if attempt == 2 or not exc.args or not exc.args[0].retriable():
-                    raise
-                time.sleep(0.5)
-        raise AssertionError("unreachable")
+            return {tp.partition: future.result(self.timeout).offset for tp, future in futures.items()}
+
+        return while_moving(ask, self.timeout)
 
     def _retention_ms(self, topic: str) -> int | None:
         resource = ConfigResource(ResourceType.TOPIC, topic)
@@ -211,9 +204,13 @@ class LagProbe:
         seen: dict[tuple[int, int], int],
         applied: Mapping[int, int] | None = None,
     ) -> GroupLag:
-        described = self.admin.describe_consumer_groups([group], request_timeout=self.timeout)[group]
         try:
-            description = described.result(self.timeout)
+            description = while_moving(
+                lambda: self.admin.describe_consumer_groups([group], request_timeout=self.timeout)[group].result(
+                    self.timeout
+                ),
+                self.timeout,
+            )
             state = description.state.name if description.state is not None else "UNKNOWN"
             members = len(description.members)
         except KafkaException as exc:  # a group that never existed is "dead", not an outage
@@ -249,8 +246,12 @@ class LagProbe:
 
     def _committed(self, group: str, topic: TopicOffsets) -> dict[int, int]:
         request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic.name, p) for p in topic.partitions])
-        future = self.admin.list_consumer_group_offsets([request], request_timeout=self.timeout)[group]
-        answer = future.result(self.timeout)
+        answer = while_moving(
+            lambda: self.admin.list_consumer_group_offsets([request], request_timeout=self.timeout)[group].result(
+                self.timeout
+            ),
+            self.timeout,
+        )
         return {tp.partition: tp.offset for tp in answer.topic_partitions if tp.offset >= 0 and tp.error is None}
 
     def oldest_pending(self, topic: str, positions: Mapping[int, int], ends: Mapping[int, int]) -> dict[int, int]:
