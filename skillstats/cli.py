@@ -162,6 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("--delta-all-time", type=int, metavar="N", help="install_clear: change to installs_all_time")
     publish.add_argument("--delta-current", type=int, metavar="N", help="install_clear: change to installs_current")
     publish.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for confirmation (default 30)")
+    publish.add_argument(
+        "--demo",
+        type=_positive,
+        metavar="RATE",
+        help="publish synthetic registry traffic (skewed popularity, the usual kind mix, some late events) at "
+        "RATE events/s until SIGTERM, or until --demo-events",
+    )
+    publish.add_argument("--demo-events", type=_positive, metavar="N", help="with --demo: stop after N events")
 
     windows = commands.add_parser(
         "windows",
@@ -331,6 +339,12 @@ def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:
     from skillstats.publisher import Publisher
 
     now_ms = int(time.time() * 1000)
+    if args.demo is not None:
+        if args.file is not None or args.skill_id or args.kind:
+            raise UsageError("--demo publishes generated events: give no --file, --skill-id or --kind with it")
+        return _publish_demo(settings, args.demo, args.demo_events, args.timeout)
+    if args.demo_events is not None:
+        raise UsageError("--demo-events goes with --demo")
     if args.file is not None:
         if args.skill_id or args.kind:
             raise UsageError("give either --file or --skill-id/--kind, not both")
@@ -382,6 +396,32 @@ def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:
                 progress.update(1000)  # type: ignore[attr-defined]
         progress.update(len(events) % 1000)  # type: ignore[attr-defined]
     progress.close()  # type: ignore[attr-defined]
+    print(f"published {publisher.delivered} event(s) to {settings.topic} (confirmed by the broker)")
+    return EXIT_OK
+
+
+def _publish_demo(settings: Settings, rate: int, limit: int | None, timeout: float) -> int:
+    """A steady stream of generated events, one second's worth at a time, until SIGTERM/SIGINT or `limit`."""
+    from skillstats.kafka import partition_count
+    from skillstats.publisher import Publisher
+    from skillstats.workload import generate
+
+    partition_count(settings, settings.topic)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    sent, tick, began = 0, 0, time.monotonic()
+    print(f"publishing about {rate} events/s to {settings.topic} until stopped", flush=True)
+    with Publisher(settings, flush_timeout=timeout) as publisher:
+        while not stop.is_set() and (limit is None or sent < limit):
+            count = rate if limit is None else min(rate, limit - sent)
+            for record in generate(count, now_ms=int(time.time() * 1000), skills=500, seed=tick, days=2):
+                publisher.send_raw(record.key, record.value)
+            publisher.flush(timeout)
+            sent, tick = sent + count, tick + 1
+            if tick % 60 == 0:
+                print(f"{sent:,} events published", flush=True)
+            stop.wait(max(0.0, began + tick - time.monotonic()))
     print(f"published {publisher.delivered} event(s) to {settings.topic} (confirmed by the broker)")
     return EXIT_OK
 

@@ -25,9 +25,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import queue
 import ssl
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -509,6 +511,9 @@ def build_app(
         # group waiting a session timeout for the dead member to be declared gone.
         consumer_group_instance_id=instance_id,
         broker_credentials=faust_credentials(settings),
+        # faust makes a data directory at start even for in-memory tables; in the temp
+        # directory, not the working directory (read-only in the container image).
+        datadir=os.path.join(tempfile.gettempdir(), "skillstats-faust-{conf.name}"),
     )
     app.sql_fences = {}
     app.shutdown_budget = shutdown_budget

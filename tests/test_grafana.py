@@ -41,6 +41,7 @@ REQUIRED: dict[str, tuple[str, str]] = {
     "degraded": ("skillstats_degraded", r""),
 }
 
+
 def all_panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """Every panel, rows and their nested panels (collapsed rows keep theirs in `panels`) included."""
     for panel in panels:

@@ -14,11 +14,11 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from skillstats.config import Settings
-from skillstats.contract import make_event
+from skillstats.contract import Invalid, decode, make_event
 from skillstats.kafka import end_offsets
 from skillstats.publisher import Publisher, PublishError
 from tests.conftest import settings_env
-from tests.helpers import WorkerProcess, actual_windows, caught_up, murmur2_partition, wait_until
+from tests.helpers import WorkerProcess, actual_windows, caught_up, murmur2_partition, read_topic, wait_until
 
 SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
@@ -171,3 +171,21 @@ def test_jsonl_line_with_a_member_twice_is_refused(settings: Settings, tmp_path:
     result = cli(settings, "publish", "--file", str(path))
     assert result.returncode == 2
     assert "line 1: malformed" in result.stderr and "'kind' appears twice" in result.stderr
+
+
+@SQLITE_ONLY
+def test_demo_traffic_is_valid_and_stops_where_told(settings: Settings) -> None:
+    result = cli(settings, "publish", "--demo", "100", "--demo-events", "150")
+    assert result.returncode == 0, result.stderr
+    assert "published 150 event(s)" in result.stdout
+    assert published(settings) == 150
+    records = read_topic(settings, settings.topic)
+    assert len(records) == 150
+    assert not [value for key, value, _ in records if isinstance(decode(key, value, int(time.time() * 1000)), Invalid)]
+    for wrong in (
+        ["--demo", "5", "--skill-id", "sk_1"],
+        ["--demo-events", "5", "--skill-id", "sk_1", "--kind", "star"],
+    ):
+        refused = cli(settings, "publish", *wrong)
+        assert refused.returncode == 2 and "--demo" in refused.stderr
+    assert published(settings) == 150

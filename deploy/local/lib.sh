@@ -35,3 +35,30 @@ ensure_debian_tools() {
   $sudo apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
+
+# A kustomize for rendering deploy/k8s: kubectl's built-in one where kubectl exists,
+# else kustomize built from the Go module proxy into .local/bin (once). Prints the
+# command to run, e.g. "kubectl kustomize" or ".local/bin/kustomize build".
+ensure_kustomize() {
+  if command -v kubectl >/dev/null && kubectl kustomize --help >/dev/null 2>&1; then
+    echo "kubectl kustomize"
+    return
+  fi
+  local bin=$repo/.local/bin/kustomize
+  if [[ ! -x $bin ]]; then
+    say "building kustomize from the Go module proxy (once)"
+    GOTOOLCHAIN=local GOBIN=$repo/.local/bin GOPATH=$repo/.local/go GOMODCACHE=$repo/.local/go/mod \
+      go install sigs.k8s.io/kustomize/kustomize/v5@v5.5.0 >&2
+  fi
+  echo "$bin build"
+}
+
+# The Compose Specification's JSON schema, as compose-go (the library docker compose
+# validates with) ships it, from the Go module proxy. Prints its path.
+ensure_compose_schema() {
+  local version=v2.16.2 dir
+  dir=$(GOTOOLCHAIN=local GOPATH=$repo/.local/go GOMODCACHE=$repo/.local/go/mod GOFLAGS=-modcacherw \
+    go mod download -json "github.com/compose-spec/compose-go/v2@$version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+  [[ -f $dir/schema/compose-spec.json ]] || { echo "no compose-spec.json in compose-go $version" >&2; return 1; }
+  echo "$dir/schema/compose-spec.json"
+}

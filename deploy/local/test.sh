@@ -31,6 +31,10 @@ deploy/local/kafka.sh status >/dev/null 2>&1 || { started_kafka=1; deploy/local/
 deploy/local/postgres.sh status >/dev/null 2>&1 || { started_pg=1; deploy/local/postgres.sh start >/dev/null; }
 say "ruff"
 ruff check skillstats streams sinks tests deploy
+say "deploy tools"
+SKILLSTATS_TEST_KUSTOMIZE=$(ensure_kustomize)
+SKILLSTATS_TEST_COMPOSE_SCHEMA=$(ensure_compose_schema)
+export SKILLSTATS_TEST_KUSTOMIZE SKILLSTATS_TEST_COMPOSE_SCHEMA
 say "promtool: the alert rules"
 promtool check rules deploy/prometheus/skillstats-rules.yml
 (cd deploy/prometheus && promtool test rules skillstats-rules.test.yml)
