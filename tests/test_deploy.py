@@ -9,12 +9,17 @@ validated against the Compose Specification's schema; hadolint lints the
 Dockerfile. And everything that starts `skillstats` may use only subcommands,
 flags and SKILLSTATS_* variables the CLI has.
 
-The README's test command provides the tools (deploy/local/lib.sh:
-ensure_kustomize, ensure_compose_schema); without them these tests fail, loudly.
+The README's test command provides kustomize (deploy/local/lib.sh:
+ensure_kustomize); without it these tests fail, loudly. The Compose schema is
+tests/data/compose-spec.json, the one compose-go v2.16.2 (the library docker
+compose validates with) ships as schema/compose-spec.json.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import io
 import json
 import os
 import re
@@ -33,14 +38,19 @@ import yaml
 
 from skillstats.cli import build_parser
 from skillstats.config import _KAFKA_SECURITY_KEYS
+from skillstats.streams.docsync import parse_interval
+from skillstats.streams.windows import build_app
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
 RENDERINGS = {"base": K8S / "base", "production": K8S / "overlays" / "production"}
 # Custom resources the Kubernetes schemas do not know; checked by what reads them.
 CUSTOM_KINDS = {"PrometheusRule", "ServiceMonitor", "PodMonitor", "ScaledObject", "TriggerAuthentication"}
-SHUTDOWN_BUDGET_S = 15  # streams.windows.build_app's default
+SHUTDOWN_BUDGET_S = inspect.signature(build_app).parameters["shutdown_budget"].default
 PARTITIONS = 12  # the init Job's --partitions
+# What each rendering must hold: the base needs only core Kubernetes.
+BASE_KINDS = {"StatefulSet", "Deployment", "CronJob", "Job", "ConfigMap", "Service", "PodDisruptionBudget"}
+PRODUCTION_KINDS = BASE_KINDS | {"Namespace", "NetworkPolicy", "PrometheusRule", "ServiceMonitor", "ScaledObject"}
 
 
 def kustomize_command() -> list[str]:
@@ -62,7 +72,12 @@ def render(directory: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module", params=sorted(RENDERINGS))
 def rendered(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
-    return render(RENDERINGS[request.param])
+    objects = render(RENDERINGS[request.param])
+    kinds = {obj["kind"] for obj in objects}
+    assert (BASE_KINDS if request.param == "base" else PRODUCTION_KINDS) <= kinds
+    if request.param == "base":
+        assert not kinds & CUSTOM_KINDS, "the base needs only core Kubernetes"
+    return objects
 
 
 def pod_specs(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -75,15 +90,18 @@ def pod_specs(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, An
 
 
 def by_kind(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name)
+    """The object of that kind and name; a generated ConfigMap's name carries a hash suffix."""
+    return next(
+        o
+        for o in objects
+        if o["kind"] == kind and re.fullmatch(re.escape(name) + r"(-[a-z0-9]{10})?", o["metadata"]["name"])
+    )
 
 
-def test_every_object_is_valid_against_the_kubernetes_schemas(rendered: list[dict[str, Any]]) -> None:
+def test_every_built_in_object_is_valid_against_the_kubernetes_schemas(rendered: list[dict[str, Any]]) -> None:
     version = kubernetes_validate.latest_version()
-    kinds = {obj["kind"] for obj in rendered}
-    assert {"Deployment", "CronJob", "Job", "ConfigMap", "Secret", "Service", "PodDisruptionBudget"} <= kinds
-    assert {"ServiceAccount", "NetworkPolicy", "PrometheusRule", "ServiceMonitor"} <= kinds
-    for obj in rendered:
+    examples = list(yaml.safe_load_all((K8S / "examples" / "secret.yaml").read_text()))
+    for obj in [*rendered, *examples]:
         if obj["kind"] in CUSTOM_KINDS:
             continue
         try:
@@ -94,7 +112,7 @@ def test_every_object_is_valid_against_the_kubernetes_schemas(rendered: list[dic
 
 def test_a_broken_manifest_is_caught() -> None:
     """The schema check can fail: a misspelt field and a wrong type are refused."""
-    deployment = by_kind(render(RENDERINGS["base"]), "Deployment", "skillstats-windows")
+    deployment = by_kind(render(RENDERINGS["base"]), "StatefulSet", "skillstats-windows")
     version = kubernetes_validate.latest_version()
     misspelt = json.loads(json.dumps(deployment))
     misspelt["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
@@ -155,9 +173,20 @@ def test_every_pod_meets_the_restricted_profile(rendered: list[dict[str, Any]]) 
 
 
 def test_windows_workers_probes_and_shutdown(rendered: list[dict[str, Any]]) -> None:
-    deployment = by_kind(rendered, "Deployment", "skillstats-windows")
-    assert deployment["spec"]["replicas"] <= PARTITIONS
-    spec = deployment["spec"]["template"]["spec"]
+    workers = by_kind(rendered, "StatefulSet", "skillstats-windows")
+    scaled = [o for o in rendered if o["kind"] == "ScaledObject"]
+    if scaled:  # KEDA owns the count: a replicas field would be reset by every apply
+        assert "replicas" not in workers["spec"]
+        assert scaled[0]["spec"]["scaleTargetRef"] == {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "name": "skillstats-windows",
+        }
+    else:
+        assert workers["spec"]["replicas"] <= PARTITIONS
+    # Stable pod names, so static membership survives a pod's replacement.
+    assert by_kind(rendered, "Service", workers["spec"]["serviceName"])["spec"]["clusterIP"] == "None"
+    spec = workers["spec"]["template"]["spec"]
     assert spec["terminationGracePeriodSeconds"] > SHUTDOWN_BUDGET_S
     container = spec["containers"][0]
     env = {e["name"]: e for e in container.get("env", [])}
@@ -166,11 +195,12 @@ def test_windows_workers_probes_and_shutdown(rendered: list[dict[str, Any]]) -> 
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert spec["topologySpreadConstraints"]
-    assert by_kind(rendered, "PodDisruptionBudget", "skillstats-windows")["spec"]["maxUnavailable"] == 1
+    budget = by_kind(rendered, "PodDisruptionBudget", "skillstats-windows")["spec"]
+    assert budget["maxUnavailable"] == 1 and budget["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     for scaled in (o for o in rendered if o["kind"] == "ScaledObject"):
         assert scaled["spec"]["maxReplicaCount"] <= PARTITIONS
         assert scaled["spec"]["triggers"][0]["metadata"]["allowIdleConsumers"] == "false"
-    init = by_kind(rendered, "Job", "skillstats-init")["spec"]["template"]["spec"]["containers"][0]
+    init = next(o for o in rendered if o["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0]
     assert init["args"][init["args"].index("--partitions") + 1] == str(PARTITIONS)
 
 
@@ -188,23 +218,25 @@ def test_docsync_cronjob_cadence_and_budgets(rendered: list[dict[str, Any]]) -> 
     assert job["activeDeadlineSeconds"] >= max_seconds + 600
 
 
-def test_secrets_come_only_from_the_secret(rendered: list[dict[str, Any]]) -> None:
+def test_secrets_come_only_from_the_secret_made_outside_git(rendered: list[dict[str, Any]]) -> None:
+    """No Secret is rendered (a placeholder applied by `kubectl apply -k` would overwrite the real one),
+    nothing secret is in a ConfigMap or a literal env value, and every pod reads the Secret `skillstats`."""
+    assert [o["metadata"]["name"] for o in rendered if o["kind"] == "Secret"] == []
     secret_names = {"SKILLSTATS_DATABASE_URL", "SKILLSTATS_KAFKA_SASL_PASSWORD", "SKILLSTATS_KAFKA_SSL_KEY_PASSWORD"}
     for obj in rendered:
         if obj["kind"] == "ConfigMap":
             assert not secret_names & set(obj.get("data", {})), obj["metadata"]["name"]
     for where, spec in pod_specs(rendered):
         for container in spec["containers"]:
+            assert {"secretRef": {"name": "skillstats"}} in container["envFrom"], where
             for variable in container.get("env", []):
-                if variable["name"] in secret_names:
-                    assert "secretKeyRef" in variable.get("valueFrom", {}), f"{where}: {variable['name']}"
-    secret = by_kind(rendered, "Secret", "skillstats")
-    assert "SKILLSTATS_DATABASE_URL" in secret["stringData"]
+                assert variable["name"] not in secret_names, f"{where}: {variable['name']} outside the Secret"
+    example = next(yaml.safe_load_all((K8S / "examples" / "secret.yaml").read_text()))
+    assert set(example["stringData"]) == {"SKILLSTATS_DATABASE_URL", "SKILLSTATS_KAFKA_SASL_PASSWORD"}
 
 
-def test_the_prometheusrule_is_generated_from_the_rules_file_and_passes_promtool(
-    rendered: list[dict[str, Any]], tmp_path: Path
-) -> None:
+def test_the_prometheusrule_is_generated_from_the_rules_file_and_passes_promtool(tmp_path: Path) -> None:
+    rendered = render(RENDERINGS["production"])
     check = subprocess.run(
         [sys.executable, str(K8S / "rules.py"), "--check"], capture_output=True, text=True, check=False
     )
@@ -225,10 +257,7 @@ def compose() -> dict[str, Any]:
 
 
 def test_compose_file_is_valid_against_the_compose_specification() -> None:
-    schema_path = os.environ.get("SKILLSTATS_TEST_COMPOSE_SCHEMA")
-    if not schema_path:
-        pytest.fail("no Compose schema: run the README's test command (it sets SKILLSTATS_TEST_COMPOSE_SCHEMA)")
-    schema = json.loads(Path(schema_path).read_text())
+    schema = json.loads((ROOT / "tests" / "data" / "compose-spec.json").read_text())
     validator_class = jsonschema.validators.validator_for(schema)  # the draft the schema names (2020-12)
     validator_class.check_schema(schema)
     validator = validator_class(schema)
@@ -273,17 +302,18 @@ def cli_environment() -> set[str]:
 
 
 def usage_problems(where: str, argv: list[str]) -> list[str]:
-    """Problems with one `skillstats ...` command line: an unknown subcommand or flag."""
-    parser = build_parser()
-    commands = next(a for a in parser._actions if a.dest == "command").choices  # argparse keeps them here
-    if not argv or argv[0] not in commands:
-        return [f"{where}: no skillstats subcommand {argv[:1]}"]
-    flags = set(commands[argv[0]]._option_string_actions)
-    return [
-        f"{where}: skillstats {argv[0]} has no {arg.split('=')[0]}"
-        for arg in argv[1:]
-        if arg.startswith("-") and arg.split("=")[0] not in flags
-    ]
+    """Problems with one `skillstats ...` command line: what the CLI's own parser refuses, and a bad --every."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            args = build_parser().parse_args(argv)
+        if getattr(args, "every", None):
+            parse_interval(args.every)
+    except SystemExit:
+        return [f"{where}: skillstats {' '.join(argv)}: {said.getvalue().strip().splitlines()[-1]}"]
+    except ValueError as exc:
+        return [f"{where}: skillstats {' '.join(argv)}: {exc}"]
+    return []
 
 
 def skillstats_commands() -> Iterator[tuple[str, list[str], set[str]]]:
@@ -328,6 +358,11 @@ def test_manifests_and_compose_use_only_what_the_cli_offers() -> None:
         if n.startswith("SKILLSTATS_") and n not in known
     ]
     assert problems == []
-    # The check can fail.
-    assert usage_problems("x", ["windows", "--batchsize", "5"]) == ["x: skillstats windows has no --batchsize"]
-    assert usage_problems("x", ["window"]) == ["x: no skillstats subcommand ['window']"]
+    # The check can fail: an unknown flag or command, a bad value, a bad interval.
+    for wrong in (
+        ["windows", "--batchsize", "5"],
+        ["window"],
+        ["init", "--partitions", "0"],
+        ["docsync", "--every", "6x"],
+    ):
+        assert usage_problems("x", wrong), wrong

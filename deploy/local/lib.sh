@@ -52,13 +52,3 @@ ensure_kustomize() {
   fi
   echo "$bin build"
 }
-
-# The Compose Specification's JSON schema, as compose-go (the library docker compose
-# validates with) ships it, from the Go module proxy. Prints its path.
-ensure_compose_schema() {
-  local version=v2.16.2 dir
-  dir=$(GOTOOLCHAIN=local GOPATH=$repo/.local/go GOMODCACHE=$repo/.local/go/mod GOFLAGS=-modcacherw \
-    go mod download -json "github.com/compose-spec/compose-go/v2@$version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
-  [[ -f $dir/schema/compose-spec.json ]] || { echo "no compose-spec.json in compose-go $version" >&2; return 1; }
-  echo "$dir/schema/compose-spec.json"
-}

@@ -33,8 +33,7 @@ say "ruff"
 ruff check skillstats streams sinks tests deploy
 say "deploy tools"
 SKILLSTATS_TEST_KUSTOMIZE=$(ensure_kustomize)
-SKILLSTATS_TEST_COMPOSE_SCHEMA=$(ensure_compose_schema)
-export SKILLSTATS_TEST_KUSTOMIZE SKILLSTATS_TEST_COMPOSE_SCHEMA
+export SKILLSTATS_TEST_KUSTOMIZE
 say "promtool: the alert rules"
 promtool check rules deploy/prometheus/skillstats-rules.yml
 (cd deploy/prometheus && promtool test rules skillstats-rules.test.yml)
