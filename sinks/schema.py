@@ -6,7 +6,7 @@ frozen history that creates them. Table and column names are a contract.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Date, DateTime, Integer, MetaData, Table, Text
+from sqlalchemy import BigInteger, Column, Date, DateTime, Index, Integer, MetaData, Table, Text
 
 metadata = MetaData()
 
@@ -89,4 +89,19 @@ docsync_runs = Table(
     Column("last_error", Text, nullable=True),
     Column("host", Text, nullable=True),
     Column("pid", Integer, nullable=True),
+)
+
+# One row per parked record `skillstats dlq replay` published again, so the same
+# record is not replayed (and counted) twice by accident (skillstats/dlq_admin.py).
+dlq_replays = Table(
+    "skillstats_dlq_replays",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("dlq_topic", Text, nullable=False),
+    Column("dlq_partition", Integer, nullable=False),
+    Column("dlq_offset", BigInteger, nullable=False),
+    Column("source_partition", Integer, nullable=True),
+    Column("source_offset", BigInteger, nullable=True),
+    Column("replayed_at", DateTime, nullable=False),
+    Index("ix_skillstats_dlq_replays_record", "dlq_topic", "dlq_partition", "dlq_offset"),
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -11,7 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -76,6 +77,17 @@ def _metrics_options(command: str) -> argparse.ArgumentParser:
         help="address to listen on [SKILLSTATS_METRICS_HOST] (default 0.0.0.0, every interface)",
     )
     return options
+
+
+def _shutdown_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--shutdown-budget",
+        type=float,
+        default=os.environ.get("SKILLSTATS_SHUTDOWN_BUDGET", "10"),  # a string default goes through `type`
+        metavar="SECONDS",
+        help="on SIGTERM: finish or abandon the work in flight, commit and leave within this; past it, exit 3 "
+        "with a message [SKILLSTATS_SHUTDOWN_BUDGET] (default 10)",
+    )
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -194,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     windows.add_argument(
         "--fetch-size", type=_positive, default=10_000, help="most records per fetch from Kafka (default 10000)"
     )
+    _shutdown_option(windows)
     windows.add_argument(
         "--log-level",
         default="info",
@@ -223,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="partitions per SQL transaction (default 4; halved on database errors)",
     )
     docsync.add_argument("--json", action="store_true", help="print the summary as one JSON object per drain")
+    _shutdown_option(docsync)
 
     status = commands.add_parser(
         "status",
@@ -269,6 +283,31 @@ def build_parser() -> argparse.ArgumentParser:
     exporter.add_argument(
         "--timeout", type=float, default=10.0, help="bound on each Kafka request, in seconds (default 10)"
     )
+
+    dlq = commands.add_parser(
+        "dlq",
+        parents=[common],
+        help="inspect and replay the dead-letter topic",
+        description="`list` shows the parked records (reason, message, source partition and offset, when) and "
+        "counts by reason. `replay` publishes copies of the selected parked records to the events topic, with "
+        "the header skillstats.replayed_from naming their DLQ partition and offset: for when the cause is gone "
+        "(a contract fixed, a database restored). A copy still invalid is parked again, and is not replayed "
+        "again without --again; a record replayed before is refused without --again (it would count twice). "
+        "Filters combine: every one given must match.",
+    )
+    dlq.add_argument("action", choices=["list", "replay"])
+    dlq.add_argument("--reason", action="append", default=[], help="only this reason (repeatable)")
+    dlq.add_argument("--since", type=_parse_time_ms, metavar="WHEN", help="parked at or after (ms or ISO-8601)")
+    dlq.add_argument(
+        "--source-offsets",
+        metavar="P:O[,P:O...]",
+        help="only these source records: partition:offset of the events topic, comma-separated",
+    )
+    dlq.add_argument("--limit", type=_positive, default=50, help="list: most records shown (default 50)")
+    dlq.add_argument("--json", action="store_true", help="list: machine-readable output")
+    dlq.add_argument("--all", action="store_true", help="replay: every parked record (no filter given)")
+    dlq.add_argument("--dry-run", action="store_true", help="replay: show what would be replayed, publish nothing")
+    dlq.add_argument("--again", action="store_true", help="replay: also records replayed before")
 
     top = commands.add_parser(
         "top",
@@ -463,8 +502,15 @@ def cmd_windows(args: argparse.Namespace, settings: Settings) -> int:
         instance_id=args.instance_id,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
+        shutdown_budget=_budget(args.shutdown_budget),
     )
     return EXIT_OK
+
+
+def _budget(seconds: float) -> float:
+    if not 0 < seconds < 3600:
+        raise UsageError(f"--shutdown-budget must be between 0 and 3600 seconds, not {seconds:g}")
+    return seconds
 
 
 def cmd_docsync(args: argparse.Namespace, settings: Settings) -> int:
@@ -481,7 +527,15 @@ def cmd_docsync(args: argparse.Namespace, settings: Settings) -> int:
     budget = DrainBudget(
         max_events=args.max_events, max_seconds=args.max_seconds, chunk_partitions=args.chunk_partitions
     )
-    return run(settings, budget, every=every, emit=emit, metrics_host=args.metrics_host, metrics_port=args.metrics_port)
+    return run(
+        settings,
+        budget,
+        every=every,
+        emit=emit,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        shutdown_budget=_budget(args.shutdown_budget),
+    )
 
 
 def cmd_lag_exporter(args: argparse.Namespace, settings: Settings) -> int:
@@ -519,6 +573,88 @@ def cmd_lag_exporter(args: argparse.Namespace, settings: Settings) -> int:
     stop.wait()
     exporter.close()
     server.close()
+    return EXIT_OK
+
+
+def _source_offsets(text: str | None) -> list[tuple[int, int]]:
+    pairs = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        partition, _, offset = item.strip().partition(":")
+        if not (partition.isdigit() and offset.isdigit()):
+            raise UsageError(f"--source-offsets wants partition:offset pairs, e.g. 3:1200,3:1201; not {item!r}")
+        pairs.append((int(partition), int(offset)))
+    return pairs
+
+
+def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:
+    from skillstats.dlq_admin import ReplayRefused, counts_by_reason, read_parked, replay, select_parked
+    from skillstats.lag import LagProbe
+    from skillstats.sinks.db import open_engine
+    from skillstats.sinks.migrate import require_current
+
+    sources = _source_offsets(args.source_offsets)
+    if args.action == "replay" and not (args.reason or args.since or sources or args.all):
+        raise UsageError("say what to replay: --reason, --since, --source-offsets, or --all for everything")
+    probe = LagProbe(settings)
+    try:
+        ranges = probe.topic_offsets(settings.dlq_topic, retention=False).partitions
+    finally:
+        probe.close()
+    parked = read_parked(settings, ranges)
+    chosen = select_parked(parked, reasons=args.reason, since_ms=args.since, sources=sources)
+    if args.action == "list":
+        shown = chosen[-args.limit :]
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "records": [r.summary() for r in shown],
+                        "matched": len(chosen),
+                        "counts_by_reason": counts_by_reason(chosen),
+                    },
+                    sort_keys=True,
+                )
+            )
+            return EXIT_OK
+        print(
+            f"{settings.dlq_topic}: {len(parked):,} parked, {len(chosen):,} match"
+            + (f" (the newest {len(shown)} shown; --limit for more)" if len(shown) < len(chosen) else "")
+        )
+        for r in shown:
+            when = (
+                datetime.fromtimestamp(r.parked_at_ms / 1000, UTC).isoformat(timespec="seconds")
+                if r.parked_at_ms is not None
+                else "?"
+            )
+            again = f"  (replay of {r.replayed_from}, invalid again)" if r.replayed_from else ""
+            print(
+                f"  {when:<25} {r.reason:<20} source p{r.source_partition}@{r.source_offset}  "
+                f"dlq {r.dlq_partition}:{r.dlq_offset}  {r.message[:80]}{again}"
+            )
+        print("by reason: " + (", ".join(f"{k} {v:,}" for k, v in counts_by_reason(chosen).items()) or "none"))
+        return EXIT_OK
+    if not chosen:
+        print("nothing parked matches; nothing replayed")
+        return EXIT_OK
+    if args.dry_run:
+        for r in chosen:
+            print(
+                f"would replay dlq {r.dlq_partition}:{r.dlq_offset} ({r.reason}, source p{r.source_partition}@"
+                f"{r.source_offset})"
+            )
+        print(f"{len(chosen)} record(s) would be replayed to {settings.topic} (dry run: nothing published)")
+        return EXIT_OK
+    engine = open_engine(settings.database_url)
+    try:
+        require_current(engine)
+        delivered = replay(settings, engine, chosen, again=args.again)
+    except ReplayRefused as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        engine.dispose()
+    print(f"replayed {delivered} record(s) to {settings.topic} (confirmed by the broker)")
     return EXIT_OK
 
 
@@ -610,6 +746,7 @@ COMMANDS = {
     "fences": cmd_fences,
     "lag-exporter": cmd_lag_exporter,
     "top": cmd_top,
+    "dlq": cmd_dlq,
 }
 
 

@@ -54,6 +54,9 @@ H_PARKED_AT = "skillstats.parked_at"
 H_GROUP = "skillstats.group"
 H_TRUNCATED = "skillstats.truncated"
 H_ORIGINAL_BYTES = "skillstats.original_bytes"
+# On a record `skillstats dlq replay` published (and kept on it if it is parked again):
+# "<DLQ topic>:<partition>:<offset>" of the parcel it copies (skillstats/dlq_admin.py).
+H_REPLAYED_FROM = "skillstats.replayed_from"
 
 # Room in the DLQ topic (its max.message.bytes) and in the DLQ producer.
 DLQ_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -73,10 +76,13 @@ class Parcel:
     record: RawRecord
     reason: str
     message: str
+    replayed_from: bytes | None = None  # the source record's H_REPLAYED_FROM, carried over
 
 
 def park_headers(parcel: Parcel, source_topic: str, group: str, parked_at_ms: int) -> Headers:
+    origin = [(H_REPLAYED_FROM, parcel.replayed_from)] if parcel.replayed_from is not None else []
     return [
+        *origin,
         (H_REASON, parcel.reason.encode()),
         (H_MESSAGE, parcel.message[:1000].encode()),
         (H_TOPIC, source_topic.encode()),
@@ -313,61 +319,3 @@ class DeadLetters:
     def close(self) -> None:
         self._producer.flush(self.timeout)
         self._reader.close()
-
-
-@dataclass(frozen=True)
-class ParkedRecord:
-    """A parcel as read back from the DLQ topic (what `status` shows of it)."""
-
-    dlq_partition: int
-    dlq_offset: int
-    reason: str
-    message: str
-    group: str
-    source_partition: int | None
-    source_offset: int | None
-    parked_at_ms: int | None
-
-
-def newest_parked(
-    settings: Settings, ends: Mapping[int, tuple[int, int]], limit: int = 5, timeout: float = 10.0
-) -> list[ParkedRecord]:
-    """The `limit` most recently parked records, newest first; `ends`: DLQ partition -> (log start, log end)."""
-    starts = {d: max(start, end - limit) for d, (start, end) in ends.items() if end > start}
-    if not starts:
-        return []
-    reader = Consumer(settings.kafka_config(**{"group.id": "skillstats-dlq-reader", "enable.auto.commit": False}))
-    found: list[ParkedRecord] = []
-    todo = {d: ends[d][1] for d in starts}
-    try:
-        reader.assign([TopicPartition(settings.dlq_topic, d, at) for d, at in starts.items()])
-        deadline = time.monotonic() + timeout
-        while todo and time.monotonic() < deadline:
-            for message in reader.consume(100, timeout=0.2):
-                if message.error() is not None:
-                    continue
-                d, at = message.partition(), message.offset()
-                headers = {k: v.decode(errors="replace") for k, v in message.headers() or [] if v is not None}
-
-                def number(name: str, headers: dict[str, str] = headers) -> int | None:
-                    value = headers.get(name, "")
-                    return int(value) if value.lstrip("-").isdigit() else None
-
-                found.append(
-                    ParkedRecord(
-                        d,
-                        at,
-                        headers.get(H_REASON, "?"),
-                        headers.get(H_MESSAGE, ""),
-                        headers.get(H_GROUP, "?"),
-                        number(H_PARTITION),
-                        number(H_OFFSET),
-                        number(H_PARKED_AT),
-                    )
-                )
-                if at + 1 >= todo.get(d, 0):
-                    todo.pop(d, None)
-    finally:
-        reader.close()
-    found.sort(key=lambda r: (r.parked_at_ms or 0, r.dlq_partition, r.dlq_offset), reverse=True)
-    return found[:limit]

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from skillstats.config import Settings
-from skillstats.dlq import newest_parked
+from skillstats.dlq_admin import newest_parked
 from skillstats.lag import groups_of, measure_lag
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.fences import PartitionFences
@@ -96,7 +96,7 @@ def status(settings: Settings, dlq_rows: int = 5) -> dict[str, Any]:
                 "topic": snapshot.dlq.name,
                 "records": sum(end - start for start, end in snapshot.dlq.partitions.values()),
                 "newest": [
-                    {**vars(r), "parked_at": _iso(r.parked_at_ms / 1000) if r.parked_at_ms is not None else None}
+                    {**r.summary(), "parked_at": _iso(r.parked_at_ms / 1000) if r.parked_at_ms is not None else None}
                     for r in newest_parked(settings, snapshot.dlq.partitions, dlq_rows)
                 ],
             }

@@ -46,6 +46,7 @@ from skillstats.contract import Invalid, decode
 from skillstats.kafka import KafkaUnreachable, end_offsets
 from skillstats.metrics import drain_finished, serve
 from skillstats.retry import Backoff
+from skillstats.shutdown import DEFAULT_BUDGET_S, ShutdownWatchdog
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.docstats import DocStatsSink, PartitionDeltas
 from skillstats.sinks.fences import FenceAheadOfLog, check_within_log
@@ -312,6 +313,11 @@ class DocSync:
             chunk = max(1, self.budget.chunk_partitions)
             attempt = 0
             while todo:
+                if self.stop.is_set():
+                    # SIGTERM: what was applied is committed; the rest is read again next drain.
+                    log.info("stopping: %d read partition(s) left for the next drain", len(todo))
+                    summary.stopped_reason = BUDGET
+                    break
                 batch = todo[:chunk]
                 try:
                     outcome = self.sink.apply_partitions(batch)
@@ -330,8 +336,7 @@ class DocSync:
                     )
                     if is_data_error(exc):
                         log.warning("the database refused the data itself; retrying anyway, bounded")
-                    if self.budget.backoff.sleep(attempt - 1, None):
-                        raise
+                    self.budget.backoff.sleep(attempt - 1, self.stop)  # SIGTERM ends the wait (and the loop)
                     continue
                 todo = todo[len(batch) :]
                 summary.skills_updated += outcome.skills_updated
@@ -416,21 +421,35 @@ def run(
     emit: Callable[[DrainSummary], Any],
     metrics_host: str = "0.0.0.0",
     metrics_port: int = 0,
+    shutdown_budget: float = DEFAULT_BUDGET_S,
 ) -> int:
     """One drain (exit status 0 unless it failed), or one per `every` seconds until SIGTERM.
+
+    SIGTERM stops the reading, lets the chunk being applied commit, leaves the
+    rest for the next drain (it reads them again from the fences), and exits
+    within `shutdown_budget` seconds, or with status 3 (skillstats/shutdown.py).
 
     Metrics are served only with `every` (a CronJob's pod lives too briefly to be
     scraped: the lag-exporter reports the last successful run from SQL instead).
     """
+    # SIGTERM and SIGINT are taken by a thread of their own (sigwait), not by a Python
+    # signal handler: those run in the main thread only between bytecodes, so a main
+    # thread blocked inside the database driver (a lock wait) would hold off the
+    # shutdown watchdog itself. Blocked first, so every thread started later inherits it.
+    stopping = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
     sync = DocSync(settings, budget)
     if every is not None and metrics_port:
         serve(metrics_host, metrics_port)
+    watchdog = ShutdownWatchdog("docsync", shutdown_budget)
 
-    def on_signal(_signum: int, _frame: Any) -> None:
-        sync.stop.set()
+    def on_signals() -> None:
+        while True:
+            signal.sigwait(stopping)
+            sync.stop.set()
+            watchdog.start()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    threading.Thread(target=on_signals, name="docsync-signals", daemon=True).start()
     while True:
         began = time.monotonic()
         summary = sync.drain()

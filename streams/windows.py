@@ -42,10 +42,11 @@ from faust.types import TP
 
 from skillstats.config import MaskSecrets, Settings, redact_url
 from skillstats.contract import Invalid, decode
-from skillstats.dlq import REJECTED_BY_DATABASE, DeadLetters, MarkUpdates, Parcel
+from skillstats.dlq import H_REPLAYED_FROM, REJECTED_BY_DATABASE, DeadLetters, MarkUpdates, Parcel
 from skillstats.kafka import RawRecord, end_offsets
 from skillstats.metrics import PipelineMetrics, Probes, serve, watch_health
 from skillstats.retry import Backoff
+from skillstats.shutdown import DEFAULT_BUDGET_S, ShutdownWatchdog, batch_budget
 from skillstats.sinks.batch import ApplyOutcome, ConsumedRecord
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.fences import FenceAheadOfLog, check_within_log
@@ -68,6 +69,15 @@ class FetchedRecord(Protocol):
     timestamp: int | None
     key: bytes | None
     value: bytes | None
+    headers: Sequence[tuple[str, bytes | None]]
+
+
+def replayed_from(raw: FetchedRecord) -> bytes | None:
+    """The H_REPLAYED_FROM header of a record `skillstats dlq replay` published, if it is one."""
+    for name, value in raw.headers or ():
+        if name == H_REPLAYED_FROM:
+            return value
+    return None
 
 
 class DecodedBatch(NamedTuple):
@@ -95,7 +105,12 @@ def decode_batch(raws: Sequence[FetchedRecord]) -> DecodedBatch:
             newest_record[partition] = timestamp
         if isinstance(decoded, Invalid):
             parcels.append(
-                Parcel(RawRecord(partition, raw.offset, raw.key, raw.value), decoded.reason.value, decoded.message)
+                Parcel(
+                    RawRecord(partition, raw.offset, raw.key, raw.value),
+                    decoded.reason.value,
+                    decoded.message,
+                    replayed_from(raw),
+                )
             )
             append(ConsumedRecord(partition, raw.offset, None))
         else:
@@ -139,7 +154,12 @@ class WindowsPipeline:
         def park_rejected(record: ConsumedRecord, exc: BaseException) -> MarkUpdates:
             rejected.append(record)
             raw = next(r for r in raws if (r.partition, r.offset) == (record.partition, record.offset))
-            parcel = Parcel(RawRecord(raw.partition, raw.offset, raw.key, raw.value), REJECTED_BY_DATABASE, str(exc))
+            parcel = Parcel(
+                RawRecord(raw.partition, raw.offset, raw.key, raw.value),
+                REJECTED_BY_DATABASE,
+                str(exc),
+                replayed_from(raw),
+            )
             rows = retrying(self.sink.rows, "reading the fences", self.health, self.stop)
             current = {p: row.dlq_mark for p, row in rows.items()}
             return self.dead_letters.park(
@@ -385,7 +405,7 @@ class FencedConsumer(aiokafka_driver.Consumer):
             # than re-raising: faust treats a cancelled fetcher during a rebalance as a
             # crash to restart, and its restart path fails when the worker is stopping
             # (a SIGTERM that lands mid-rebalance exited 1 instead of 0).
-            await sink.drain_on_shutdown(self.app.shutdown_budget)  # type: ignore[attr-defined]
+            await sink.drain_on_shutdown(batch_budget(self.app.shutdown_budget))  # type: ignore[attr-defined]
             return
         except Exception as exc:
             # Not a database or broker outage (those are retried inside the batch):
@@ -422,6 +442,7 @@ class WindowsApp(faust.App):
     sql_fences: dict[TP, int]
     batch_sink: BatchSink
     shutdown_budget: float
+    shutdown_watchdog: ShutdownWatchdog
     fence_error: FenceAheadOfLog | None
     start_message: str = "started"
     heartbeat: float = 0.0  # time.monotonic() of the event loop's last turn (see `live`)
@@ -454,6 +475,11 @@ class WindowsApp(faust.App):
             loop.call_later(1.0, beat)
 
         beat()
+
+    async def on_stop(self) -> None:
+        """mode's lifecycle hook, first thing when the worker stops (SIGTERM, SIGINT, a crash)."""
+        self.shutdown_watchdog.start()
+        await super().on_stop()
 
     async def on_started(self) -> None:
         """mode's public lifecycle hook: runs once logging is set up and the app is up."""
@@ -492,7 +518,7 @@ def build_app(
     *,
     batch_size: int = 50_000,
     fetch_size: int = 10_000,
-    shutdown_budget: float = 15.0,
+    shutdown_budget: float = DEFAULT_BUDGET_S,
     instance_id: str | None = None,
 ) -> WindowsApp:
     app = WindowsApp(
@@ -517,6 +543,7 @@ def build_app(
     )
     app.sql_fences = {}
     app.shutdown_budget = shutdown_budget
+    app.shutdown_watchdog = ShutdownWatchdog("windows", shutdown_budget)
     app.heartbeat = time.monotonic()
     # Registered with faust's conductor so the consumer subscribes to it; no agent
     # iterates it, the batch drain above reads it.

@@ -231,6 +231,7 @@ def test_two_drains_at_once_apply_everything_once(
     ]
 
 
+@pytest.mark.faults
 def test_kill_9_mid_drain_then_a_second_run(
     loaded: tuple[Settings, list[Record], dict[str, str | None]], tmp_path: Path
 ) -> None:

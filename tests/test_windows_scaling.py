@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from confluent_kafka.admin import AdminClient
 from sqlalchemy import delete
 
@@ -37,6 +38,8 @@ from tests.helpers import (
     read_topic,
     wait_until,
 )
+
+pytestmark = pytest.mark.faults  # consumers scaled under load: the fault suite
 
 ROUNDS = int(os.environ.get("SKILLSTATS_TEST_SCALE_ROUNDS", "3"))
 EVENTS = 60_000
