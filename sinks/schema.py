@@ -91,8 +91,9 @@ docsync_runs = Table(
     Column("pid", Integer, nullable=True),
 )
 
-# One row per parked record `skillstats dlq replay` published again, so the same
-# record is not replayed (and counted) twice by accident (skillstats/dlq_admin.py).
+# One row per copy `skillstats dlq replay` published, keyed by the record's root parcel
+# (its first one in the DLQ) and the replay's number for that root, unique: the DLQ
+# and these rows together say whether a copy was counted (skillstats/dlq_admin.py).
 dlq_replays = Table(
     "skillstats_dlq_replays",
     metadata,
@@ -100,8 +101,9 @@ dlq_replays = Table(
     Column("dlq_topic", Text, nullable=False),
     Column("dlq_partition", Integer, nullable=False),
     Column("dlq_offset", BigInteger, nullable=False),
+    Column("replay_number", Integer, nullable=False),
     Column("source_partition", Integer, nullable=True),
     Column("source_offset", BigInteger, nullable=True),
     Column("replayed_at", DateTime, nullable=False),
-    Index("ix_skillstats_dlq_replays_record", "dlq_topic", "dlq_partition", "dlq_offset"),
+    Index("ux_skillstats_dlq_replays_root", "dlq_topic", "dlq_partition", "dlq_offset", "replay_number", unique=True),
 )

@@ -589,67 +589,75 @@ def _source_offsets(text: str | None) -> list[tuple[int, int]]:
 
 
 def cmd_dlq(args: argparse.Namespace, settings: Settings) -> int:
-    from skillstats.dlq_admin import ReplayRefused, counts_by_reason, read_parked, replay, select_parked
+    from skillstats.dlq_admin import (
+        ReplayRefused,
+        Selection,
+        counts_by_reason,
+        plan_replay,
+        read_parked,
+        replay,
+        replay_counts,
+    )
     from skillstats.lag import LagProbe
     from skillstats.sinks.db import open_engine
     from skillstats.sinks.migrate import require_current
 
-    sources = _source_offsets(args.source_offsets)
-    if args.action == "replay" and not (args.reason or args.since or sources or args.all):
+    selection = Selection(tuple(args.reason), args.since, tuple(_source_offsets(args.source_offsets)))
+    filtered = bool(args.reason or args.since is not None or selection.sources)
+    if args.action == "replay" and not (filtered or args.all):
         raise UsageError("say what to replay: --reason, --since, --source-offsets, or --all for everything")
     probe = LagProbe(settings)
     try:
         ranges = probe.topic_offsets(settings.dlq_topic, retention=False).partitions
     finally:
         probe.close()
-    parked = read_parked(settings, ranges)
-    chosen = select_parked(parked, reasons=args.reason, since_ms=args.since, sources=sources)
-    if args.action == "list":
-        shown = chosen[-args.limit :]
+    listing = args.action == "list"
+    parked = read_parked(settings, ranges, keep_payload=None if not listing and args.all else selection)
+    chosen = [r for r in parked if selection(r)]
+    if listing:
+        newest = sorted(chosen, key=lambda r: (r.parked_at_ms or 0, r.dlq_partition, r.dlq_offset))
+        shown = newest[-args.limit :]
         if args.json:
-            print(
-                json.dumps(
-                    {
-                        "records": [r.summary() for r in shown],
-                        "matched": len(chosen),
-                        "counts_by_reason": counts_by_reason(chosen),
-                    },
-                    sort_keys=True,
-                )
-            )
+            report = {
+                "records": [r.summary() for r in shown],
+                "matched": len(chosen),
+                "counts_by_reason": counts_by_reason(chosen),
+            }
+            print(json.dumps(report, sort_keys=True))
             return EXIT_OK
-        print(
-            f"{settings.dlq_topic}: {len(parked):,} parked, {len(chosen):,} match"
-            + (f" (the newest {len(shown)} shown; --limit for more)" if len(shown) < len(chosen) else "")
-        )
+        more = f" (the newest {len(shown)} shown; --limit for more)" if len(shown) < len(chosen) else ""
+        print(f"{settings.dlq_topic}: {len(parked):,} parked, {len(chosen):,} match{more}")
         for r in shown:
-            when = (
-                datetime.fromtimestamp(r.parked_at_ms / 1000, UTC).isoformat(timespec="seconds")
-                if r.parked_at_ms is not None
-                else "?"
-            )
-            again = f"  (replay of {r.replayed_from}, invalid again)" if r.replayed_from else ""
+            when = "?"
+            if r.parked_at_ms is not None:
+                when = datetime.fromtimestamp(r.parked_at_ms / 1000, UTC).isoformat(timespec="seconds")
+            copy = f"  (a replayed copy of {r.replayed_from}, invalid again)" if r.replayed_from else ""
             print(
                 f"  {when:<25} {r.reason:<20} source p{r.source_partition}@{r.source_offset}  "
-                f"dlq {r.dlq_partition}:{r.dlq_offset}  {r.message[:80]}{again}"
+                f"dlq {r.dlq_partition}:{r.dlq_offset}  {r.message[:80]}{copy}"
             )
         print("by reason: " + (", ".join(f"{k} {v:,}" for k, v in counts_by_reason(chosen).items()) or "none"))
-        return EXIT_OK
-    if not chosen:
-        print("nothing parked matches; nothing replayed")
-        return EXIT_OK
-    if args.dry_run:
-        for r in chosen:
-            print(
-                f"would replay dlq {r.dlq_partition}:{r.dlq_offset} ({r.reason}, source p{r.source_partition}@"
-                f"{r.source_offset})"
-            )
-        print(f"{len(chosen)} record(s) would be replayed to {settings.topic} (dry run: nothing published)")
         return EXIT_OK
     engine = open_engine(settings.database_url)
     try:
         require_current(engine)
-        delivered = replay(settings, engine, chosen, again=args.again)
+        plan = plan_replay(settings, parked, chosen, replay_counts(engine, settings.dlq_topic), again=args.again)
+        for root, why in plan.skipped:
+            print(f"left out {root}: {why}", file=sys.stderr)
+        if not plan.publish:
+            if not chosen:
+                print("nothing parked matches; nothing replayed")
+                return EXIT_OK
+            raise UsageError(f"none of the {len(chosen)} matching parked record(s) can be replayed (see above)")
+        if args.dry_run:
+            for r in plan.publish:
+                print(
+                    f"would replay dlq {r.dlq_partition}:{r.dlq_offset} ({r.reason}, source p{r.source_partition}@"
+                    f"{r.source_offset})"
+                )
+            print(f"{len(plan.publish)} record(s) would be replayed to {settings.topic} (dry run: nothing published)")
+            return EXIT_OK
+        delivered = replay(settings, engine, plan)
     except ReplayRefused as exc:
         raise UsageError(str(exc)) from None
     finally:

@@ -54,9 +54,13 @@ H_PARKED_AT = "skillstats.parked_at"
 H_GROUP = "skillstats.group"
 H_TRUNCATED = "skillstats.truncated"
 H_ORIGINAL_BYTES = "skillstats.original_bytes"
+# The source record's Kafka timestamp (ms): validity depends on it, so a replay keeps it.
+H_TIMESTAMP = "skillstats.source.timestamp"
 # On a record `skillstats dlq replay` published (and kept on it if it is parked again):
-# "<DLQ topic>:<partition>:<offset>" of the parcel it copies (skillstats/dlq_admin.py).
+# "<DLQ topic>:<partition>:<offset>" of the first parcel of that record, its root
+# (skillstats/dlq_admin.py); and the root's reason.
 H_REPLAYED_FROM = "skillstats.replayed_from"
+H_REPLAYED_REASON = "skillstats.replayed_reason"
 
 # Room in the DLQ topic (its max.message.bytes) and in the DLQ producer.
 DLQ_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -77,10 +81,13 @@ class Parcel:
     reason: str
     message: str
     replayed_from: bytes | None = None  # the source record's H_REPLAYED_FROM, carried over
+    timestamp: int | None = None  # the source record's Kafka timestamp
 
 
 def park_headers(parcel: Parcel, source_topic: str, group: str, parked_at_ms: int) -> Headers:
     origin = [(H_REPLAYED_FROM, parcel.replayed_from)] if parcel.replayed_from is not None else []
+    if parcel.timestamp is not None:
+        origin.append((H_TIMESTAMP, str(parcel.timestamp).encode()))
     return [
         *origin,
         (H_REASON, parcel.reason.encode()),

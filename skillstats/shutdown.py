@@ -54,5 +54,5 @@ class ShutdownWatchdog:
 
 
 def batch_budget(budget: float) -> float:
-    """How long the in-flight batch may take at shutdown, leaving room to commit and leave."""
-    return max(0.0, budget - LEAVE_RESERVE_S)
+    """How long the in-flight batch may take at shutdown, leaving room to commit and leave (half, for small budgets)."""
+    return max(budget / 2, budget - LEAVE_RESERVE_S)

@@ -46,7 +46,7 @@ from skillstats.dlq import H_REPLAYED_FROM, REJECTED_BY_DATABASE, DeadLetters, M
 from skillstats.kafka import RawRecord, end_offsets
 from skillstats.metrics import PipelineMetrics, Probes, serve, watch_health
 from skillstats.retry import Backoff
-from skillstats.shutdown import DEFAULT_BUDGET_S, ShutdownWatchdog, batch_budget
+from skillstats.shutdown import DEFAULT_BUDGET_S, LEAVE_RESERVE_S, ShutdownWatchdog, batch_budget
 from skillstats.sinks.batch import ApplyOutcome, ConsumedRecord
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.fences import FenceAheadOfLog, check_within_log
@@ -110,6 +110,7 @@ def decode_batch(raws: Sequence[FetchedRecord]) -> DecodedBatch:
                     decoded.reason.value,
                     decoded.message,
                     replayed_from(raw),
+                    timestamp,
                 )
             )
             append(ConsumedRecord(partition, raw.offset, None))
@@ -284,7 +285,7 @@ class BatchSink:
         self.in_flight = None
         await self._checkpoint(outcome)
 
-    async def _checkpoint(self, outcome: ApplyOutcome) -> None:
+    async def _checkpoint(self, outcome: ApplyOutcome, commit_timeout: float = 10.0) -> None:
         self.totals.merge(outcome)
         offsets = {}
         for partition, next_offset in outcome.next_offsets.items():
@@ -303,7 +304,7 @@ class BatchSink:
             # Bounded: a commit stuck on a coordinator that went away must not stop the
             # drain; the fence holds the truth and the next batch commits again.
             try:
-                await asyncio.wait_for(self.app.consumer._commit(offsets), 10.0)
+                await asyncio.wait_for(self.app.consumer._commit(offsets), commit_timeout)
             except TimeoutError:
                 log.warning("Kafka commit of %d partition(s) timed out; continuing", len(offsets))
 
@@ -324,7 +325,8 @@ class BatchSink:
             return
         self.in_flight = None
         try:
-            await self._checkpoint(outcome)
+            # Within the shutdown budget's reserve: the fence holds the truth whether it lands or not.
+            await self._checkpoint(outcome, commit_timeout=LEAVE_RESERVE_S / 2)
         except Exception as exc:  # the group may be gone already; the fence holds the truth
             log.info("final commit skipped: %s", exc)
 

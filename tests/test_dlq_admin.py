@@ -10,10 +10,13 @@ from pathlib import Path
 
 import orjson
 import pytest
+from confluent_kafka import Producer
 
 from skillstats.config import Settings
 from skillstats.contract import make_event
-from skillstats.dlq import H_REPLAYED_FROM
+from skillstats.dlq import H_REPLAYED_FROM, H_REPLAYED_REASON, REJECTED_BY_DATABASE, Parcel, park_headers
+from skillstats.kafka import RawRecord
+from skillstats.publisher import Publisher
 from skillstats.workload import Record
 from tests.conftest import settings_env
 from tests.helpers import WorkerProcess, actual_windows, caught_up, publish, read_topic, wait_until
@@ -83,20 +86,72 @@ def test_list_filter_replay_once_and_a_still_invalid_copy_never_loops(settings: 
     parked_again = [r for r in listed(settings, "--reason", "malformed")["records"] if r["replayed_from"]]
     assert [r["replayed_from"] for r in parked_again] == [origin.decode()]
 
+    # The same selection again: refused without --again; with it, one copy (the original and
+    # its parked-again copy are one record), which is parked again, still invalid.
     twice = cli(settings, "replay", "--reason", "malformed")
     assert twice.returncode == 2 and "--again" in twice.stderr
     assert len(read_topic(settings, settings.topic)) == 4  # nothing more was published
-
-    # --again does replay the original (once more) and the parked copy.
     again = cli(settings, "replay", "--reason", "malformed", "--again")
-    assert again.returncode == 0 and "replayed 2 record(s)" in again.stdout, again.stderr
-    wait_until(caught_up(settings, settings.windows_group, worker), 60, "the worker to read the copies")
+    assert again.returncode == 0 and "replayed 1 record(s)" in again.stdout, again.stderr
+    wait_until(caught_up(settings, settings.windows_group, worker), 60, "the worker to read the copy")
+    wait_until(lambda: listed(settings)["counts_by_reason"].get("malformed") == 3, 30, "the copy parked again")
     assert worker.terminate() == 0
     # Through all of it only the valid event counted.
     daily, _hourly = actual_windows(settings)
     assert {skill for skill, _day in daily} == {"sk_ok"}
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_replayed_record_that_is_valid_now_counts_once_and_never_again(settings: Settings, tmp_path: Path) -> None:
+    """A parcel of a record valid today (parked by an older, stricter contract): a copy counts once; then no
+    replay sends another, --again included, since the copy did not come back."""
+    now = int(time.time() * 1000)
+    event = make_event("sk_late_ok", "download", now)
+    parcel = Parcel(RawRecord(0, 77, event.key, event.encode()), "unknown_kind", "an older contract", None, now)
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+    producer.produce(
+        settings.dlq_topic,
+        key=event.key,
+        value=event.encode(),
+        partition=0,
+        headers=park_headers(parcel, settings.topic, settings.windows_group, now),
+    )
+    assert producer.flush(30) == 0
+    worker = WorkerProcess(settings, tmp_path / "worker.log")
+    replayed = cli(settings, "replay", "--reason", "unknown_kind")
+    assert replayed.returncode == 0 and "replayed 1 record(s)" in replayed.stdout, replayed.stderr
+    copies = [h for _k, _v, h in read_topic(settings, settings.topic) if H_REPLAYED_FROM in h]
+    assert len(copies) == 1
+    wait_until(caught_up(settings, settings.windows_group, worker), 120, "the worker to count the copy")
+    for extra in ((), ("--again",)):
+        refused = cli(settings, "replay", "--reason", "unknown_kind", *extra)
+        assert refused.returncode == 2 and "count twice" in refused.stderr, refused.stderr
+    assert worker.terminate() == 0
+    daily, _hourly = actual_windows(settings)
+    assert sum(downloads for downloads, _installs in daily.values()) == 1
+    assert len(read_topic(settings, settings.topic)) == 1
+
+
 def test_source_offsets_must_be_partition_offset_pairs(settings: Settings) -> None:
     result = cli(settings, "list", "--source-offsets", "3-1200")
     assert result.returncode == 2 and "partition:offset" in result.stderr
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_docsync_skips_a_replayed_copy_of_a_record_only_the_windows_database_refused(settings: Settings) -> None:
+    """docsync counted that record's original (it parks nothing), so the copy is for the windows tables only."""
+    from skillstats.streams.docsync import DocSync
+    from tests.test_docsync import actual, seed_registry
+
+    seed_registry(settings, {"sk_1": "u1"})
+    now = int(time.time() * 1000)
+    event = make_event("sk_1", "download", now)
+    with Publisher(settings) as publisher:
+        publisher.send(event)  # the original, counted by docsync
+        for reason in (REJECTED_BY_DATABASE, "unknown_kind"):
+            origin = [(H_REPLAYED_FROM, b"x.dlq:0:1"), (H_REPLAYED_REASON, reason.encode())]
+            publisher.send_raw(event.key, make_event("sk_1", "download", now).encode(), headers=origin)
+    summary = DocSync(settings).drain()
+    assert summary.stopped_reason == "caught_up", summary.error
+    # The original and the copy of a once-invalid record count; the database-refused copy does not.
+    assert actual(settings)[0] == {"sk_1": (2, 0, 0)}

@@ -40,6 +40,7 @@ class Fetched:
     key: bytes | None
     value: bytes | None
     timestamp: int | None = AT
+    headers: tuple[tuple[str, bytes | None], ...] = ()
 
 
 class MemoryDlq(DeadLetters):

@@ -101,10 +101,10 @@ def test_windows_stops_within_its_budget_while_the_database_hangs(settings: Sett
             "the worker's batch to wait on the lock",
         )
         assert get(f"http://127.0.0.1:{port}/healthz")[0] == 200  # hanging on the database is not dead
-        status = stopped_within_budget(worker.process, "windows, database hanging")
-        log = worker.log_tail(200)
-        if status == EXIT_SHUTDOWN_OVERRUN:
-            assert "shutdown took longer than its budget" in log
+        # The event loop is free: the batch stuck in the database is abandoned after its share
+        # of the budget, the group left, a clean exit.
+        assert stopped_within_budget(worker.process, "windows, database hanging") == 0, worker.log_tail()
+        assert "abandoned an in-flight batch" in worker.log_tail(200)
     finally:
         holder.rollback()
         holder.close()
@@ -174,9 +174,10 @@ def test_docsync_stops_within_its_budget_while_the_database_hangs(settings: Sett
         wait_until(
             lambda: process.poll() is None and waiting_on_lock(settings, "skills"), 60, "the drain to wait on the lock"
         )
-        status = stopped_within_budget(process, "docsync, database hanging")
-        if status == EXIT_SHUTDOWN_OVERRUN:
-            assert "shutdown took longer than its budget" in (tmp_path / "docsync.log").read_text()
+        # The drain's only thread waits in the database driver (for the lock timeout, a
+        # minute): the budget runs out, and the watchdog says so.
+        assert stopped_within_budget(process, "docsync, database hanging") == EXIT_SHUTDOWN_OVERRUN
+        assert "shutdown took longer than its budget" in (tmp_path / "docsync.log").read_text()
     finally:
         holder.rollback()
         holder.close()

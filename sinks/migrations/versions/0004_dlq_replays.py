@@ -1,4 +1,4 @@
-"""Records of `skillstats dlq replay`, so a parked record is not replayed twice by accident.
+"""Records of `skillstats dlq replay`, so a replayed record never counts twice.
 
 Revision ID: 0004
 Revises: 0003
@@ -23,15 +23,19 @@ def upgrade() -> None:
         sa.Column("dlq_topic", sa.Text, nullable=False),
         sa.Column("dlq_partition", sa.Integer, nullable=False),
         sa.Column("dlq_offset", sa.BigInteger, nullable=False),
+        sa.Column("replay_number", sa.Integer, nullable=False),
         sa.Column("source_partition", sa.Integer, nullable=True),
         sa.Column("source_offset", sa.BigInteger, nullable=True),
         sa.Column("replayed_at", sa.DateTime, nullable=False),
     )
     op.create_index(
-        "ix_skillstats_dlq_replays_record", "skillstats_dlq_replays", ["dlq_topic", "dlq_partition", "dlq_offset"]
+        "ux_skillstats_dlq_replays_root",
+        "skillstats_dlq_replays",
+        ["dlq_topic", "dlq_partition", "dlq_offset", "replay_number"],
+        unique=True,
     )
 
 
 def downgrade() -> None:
-    op.drop_index("ix_skillstats_dlq_replays_record", table_name="skillstats_dlq_replays")
+    op.drop_index("ux_skillstats_dlq_replays_root", table_name="skillstats_dlq_replays")
     op.drop_table("skillstats_dlq_replays")
