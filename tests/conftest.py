@@ -67,7 +67,10 @@ def postgres_admin_url() -> str:
 
 def _fresh_postgres_database(admin_url: str) -> Iterator[str]:
     name = f"skillstats_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url.replace("postgresql://", "postgresql+psycopg://"), isolation_level="AUTOCOMMIT")
+    # pool_pre_ping: a fault test restarts the server, and the drop below must not use a dead connection.
+    admin = create_engine(
+        admin_url.replace("postgresql://", "postgresql+psycopg://"), isolation_level="AUTOCOMMIT", pool_pre_ping=True
+    )
     with admin.connect() as connection:
         connection.execute(text(f'CREATE DATABASE "{name}"'))
     try:
