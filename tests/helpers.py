@@ -8,6 +8,7 @@ so a mistake in one is caught by the other.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -258,3 +259,9 @@ def get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
     except OSError:
         return 0, ""
+
+
+def local_service(script: str, action: str, **env: str) -> None:
+    """Run deploy/local/<script> (kafka.sh, postgres.sh) with `action`, e.g. to stop a service under a test."""
+    path = Path(__file__).resolve().parent.parent / "deploy" / "local" / script
+    subprocess.run([str(path), action], env={**os.environ, **env}, check=True, capture_output=True, timeout=180)

@@ -8,8 +8,6 @@ so it runs in the fault suite only.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -26,18 +24,17 @@ from tests.helpers import (
     expected_windows,
     free_port,
     get,
+    local_service,
     publish,
     wait_until,
 )
 
 pytestmark = pytest.mark.faults
-ROOT = Path(__file__).resolve().parent.parent
 OUTAGE_S = 20
 
 
 def postgres(action: str) -> None:
-    env = {**os.environ, "PG_PORT": str(urlparse(PG_ADMIN_URL).port)}
-    subprocess.run([str(ROOT / "deploy" / "local" / "postgres.sh"), action], env=env, check=True, timeout=120)
+    local_service("postgres.sh", action, PG_PORT=str(urlparse(PG_ADMIN_URL).port))
 
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)

@@ -35,6 +35,7 @@ from tests.helpers import (
     expected_windows,
     free_port,
     get,
+    local_service,
     publish,
     wait_until,
 )
@@ -119,15 +120,14 @@ def test_windows_stops_within_its_budget_while_the_database_hangs(settings: Sett
 def own_kafka(tmp_path: Path) -> Iterator[str]:
     """A single-node Kafka of this test's own, so the test can take it away."""
     port = free_port()
-    env = {**os.environ, "KAFKA_PORT": str(port), "SKILLSTATS_STATE_DIR": str(tmp_path / "state")}
+    env = {"KAFKA_PORT": str(port), "SKILLSTATS_STATE_DIR": str(tmp_path / "state")}
     (tmp_path / "state").mkdir()
     os.symlink(ROOT / ".local" / "kafka-libs", tmp_path / "state" / "kafka-libs")
-    script = str(ROOT / "deploy" / "local" / "kafka.sh")
-    subprocess.run([script, "start"], env=env, check=True, capture_output=True, timeout=180)
+    local_service("kafka.sh", "start", **env)
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run([script, "reset"], env=env, capture_output=True, timeout=180)
+        local_service("kafka.sh", "reset", **env)
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -149,8 +149,9 @@ def test_windows_stops_within_its_budget_when_the_broker_is_gone(
     worker = WorkerProcess(settings, tmp_path / "worker.log", "--shutdown-budget", str(BUDGET_S))
     wait_until(caught_up(settings, settings.windows_group, worker), 120, "the worker to apply the events")
 
-    env = {**os.environ, "KAFKA_PORT": own_kafka.rsplit(":", 1)[1], "SKILLSTATS_STATE_DIR": str(tmp_path / "state")}
-    subprocess.run([str(ROOT / "deploy" / "local" / "kafka.sh"), "stop"], env=env, check=True, timeout=120)
+    local_service(
+        "kafka.sh", "stop", KAFKA_PORT=own_kafka.rsplit(":", 1)[1], SKILLSTATS_STATE_DIR=str(tmp_path / "state")
+    )
     status = stopped_within_budget(worker.process, "windows, broker gone")
     if status == EXIT_SHUTDOWN_OVERRUN:
         assert "shutdown took longer than its budget" in worker.log_tail(200)
