@@ -145,7 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     init.add_argument("--partitions", type=_positive, default=12, help="partitions of the events topic (default 12)")
     init.add_argument("--dlq-partitions", type=_positive, default=3, help="partitions of the DLQ topic (default 3)")
-    init.add_argument("--replication-factor", type=_positive, default=1, help="replication factor (default 1)")
+    init.add_argument(
+        "--replication-factor",
+        type=_positive,
+        default=-1,
+        help="replication factor (default: the broker's default.replication.factor)",
+    )
     init.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for Kafka (default 30)")
     init.add_argument("--skip-topics", action="store_true", help="only migrate the SQL schema")
     init.add_argument("--skip-schema", action="store_true", help="only create the topics")

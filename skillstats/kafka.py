@@ -67,11 +67,15 @@ def ensure_topics(
     settings: Settings,
     specs: dict[str, int],
     *,
-    replication_factor: int = 1,
+    replication_factor: int = -1,
     configs: dict[str, dict[str, str]] | None = None,
     timeout: float = 30.0,
 ) -> list[TopicReport]:
     """Create the topics in `specs` (name -> partitions) that do not exist yet, with `configs` per topic.
+
+    `replication_factor` -1 takes the broker's `default.replication.factor` (and its
+    `min.insync.replicas`), so a three-node cluster gets replicated topics without
+    every caller knowing the cluster's size.
 
     An existing topic is left as it is, even with another partition count: adding
     partitions would move keys to new partitions and break per-skill ordering, so
@@ -154,10 +158,38 @@ def watermarks(settings: Settings, topic: str, timeout: float = 10.0) -> dict[in
     try:
         result = {}
         for partition in range(partition_count(settings, topic, timeout)):
-            result[partition] = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+            result[partition] = _watermark(consumer, TopicPartition(topic, partition), timeout)
         return result
     finally:
         consumer.close()
+
+
+# A partition whose leader has just crashed answers nothing until the controller fences
+# that broker (broker.session.timeout.ms, 9 s by default) and names a new leader: the
+# request times out, and the next one, to the new leader, answers. Hence a few attempts,
+# each bounded by the caller's timeout; an unreachable cluster fails before this, in
+# partition_count.
+_WATERMARK_ATTEMPTS = 3
+# What librdkafka itself reports meanwhile: the request timed out, or its connection to
+# the dead broker went away under it.
+_BROKER_GONE = frozenset({KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._DESTROY_BROKER})
+
+
+def _watermark(consumer: Consumer, partition: TopicPartition, timeout: float) -> tuple[int, int]:
+    attempt = 1
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(partition, timeout=timeout)
+            return low, high
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            again = isinstance(error, KafkaError) and (
+                error.retriable() or error.code() in _MOVING or error.code() in _BROKER_GONE
+            )
+            if not again or attempt == _WATERMARK_ATTEMPTS:
+                raise
+            log.warning("offsets of %s [%d]: %s; asking again", partition.topic, partition.partition, error)
+            attempt += 1
 
 
 def commit_offsets(settings: Settings, group: str, topic: str, offsets: dict[int, int], timeout: float = 10.0) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,14 +24,14 @@ from pathlib import Path
 from typing import ClassVar, TypeVar
 
 from confluent_kafka import Consumer, TopicPartition
-from sqlalchemy import select
+from sqlalchemy import insert, select
 
 from skillstats.config import Settings
 from skillstats.kafka import end_offsets
 from skillstats.publisher import Publisher
 from skillstats.sinks.db import open_engine
-from skillstats.sinks.schema import partition_fences, skill_daily_stats, skill_hourly_stats
-from skillstats.workload import Record
+from skillstats.sinks.schema import partition_fences, skill_daily_stats, skill_hourly_stats, skills, user_skill_stats
+from skillstats.workload import Record, skill_ids
 from tests.conftest import settings_env
 
 T = TypeVar("T")
@@ -39,6 +40,16 @@ T = TypeVar("T")
 WINDOW_COUNTS = {"download": (1, 0), "install_new": (0, 1)}
 
 Counts = dict[tuple[str, object], tuple[int, int]]
+
+# docs/contract.md, kinds restated: (downloads, installs_all_time, installs_current) per kind.
+SKILL_DELTAS = {
+    "download": (1, 0, 0),
+    "install_new": (0, 1, 1),
+    "install_reactivate": (0, 0, 1),
+    "install_deactivate": (0, 0, -1),
+}
+
+Stats = dict[str, tuple[int, int, int]]
 
 
 def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:
@@ -261,7 +272,89 @@ def get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
-def local_service(script: str, action: str, **env: str) -> None:
-    """Run deploy/local/<script> (kafka.sh, postgres.sh) with `action`, e.g. to stop a service under a test."""
+def local_service(script: str, *args: str, **env: str) -> None:
+    """Run deploy/local/<script> (kafka.sh, postgres.sh) with `args`, e.g. to stop a service under a test."""
     path = Path(__file__).resolve().parent.parent / "deploy" / "local" / script
-    subprocess.run([str(path), action], env={**os.environ, **env}, check=True, capture_output=True, timeout=180)
+    done = subprocess.run([str(path), *args], env={**os.environ, **env}, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, f"{script} {' '.join(args)} exited {done.returncode}: {done.stderr[-2000:]}"
+
+
+def registry(seed: int, skills: int = 2000) -> dict[str, str | None]:
+    """Rows the registry has: two skills in three, owned by 300 owners (some skills by nobody)."""
+    rng = random.Random(seed)
+    return {
+        skill: (None if rng.random() < 0.05 else f"user_{rng.randrange(300):03d}")
+        for index, skill in enumerate(skill_ids(skills))
+        if index % 3 != 2
+    }
+
+
+def expected_docstats(records: list[Record], rows: dict[str, str | None]) -> tuple[Stats, Stats, int]:
+    per_skill: Counter[tuple[str, int]] = Counter()
+    unknown = 0
+    for record in records:
+        if not record.valid:
+            continue
+        body = json.loads(record.value or b"")
+        skill = body["skill_id"]
+        if skill not in rows:
+            unknown += 1
+            continue
+        deltas = SKILL_DELTAS.get(body["kind"], (0, 0, 0))
+        if body["kind"] == "install_clear":
+            deltas = (0, body["delta"]["all_time"], body["delta"]["current"])
+        for column, amount in enumerate(deltas):
+            per_skill[(skill, column)] += amount
+    skill_stats = {s: tuple(per_skill[(s, c)] for c in range(3)) for s in rows}
+    owners: Counter[tuple[str, int]] = Counter()
+    for skill, owner in rows.items():
+        if owner is not None:
+            for column in range(3):
+                owners[(owner, column)] += per_skill[(skill, column)]
+    owner_stats = {o: tuple(owners[(o, c)] for c in range(3)) for o in {o for o in rows.values() if o is not None}}
+    return (
+        skill_stats,
+        {o: v for o, v in owner_stats.items() if v != (0, 0, 0) or o in _touched(rows, per_skill)},
+        unknown,
+    )
+
+
+def _touched(rows: dict[str, str | None], per_skill: Counter[tuple[str, int]]) -> set[str]:
+    return {o for s, o in rows.items() if o is not None and any(per_skill[(s, c)] for c in range(3))}
+
+
+def actual_docstats(settings: Settings) -> tuple[Stats, Stats]:
+    engine = open_engine(settings.database_url)
+    try:
+        with engine.connect() as connection:
+            skill_rows = {
+                row.id: (row.downloads, row.installs_all_time, row.installs_current)
+                for row in connection.execute(select(skills))
+            }
+            owner_rows = {
+                row.owner_id: (row.downloads, row.installs_all_time, row.installs_current)
+                for row in connection.execute(select(user_skill_stats))
+            }
+        return skill_rows, owner_rows
+    finally:
+        engine.dispose()
+
+
+def seed_registry(settings: Settings, rows: dict[str, str | None]) -> None:
+    engine = open_engine(settings.database_url)
+    with engine.begin() as connection:
+        connection.execute(insert(skills), [{"id": s, "owner_id": o} for s, o in rows.items()])
+    engine.dispose()
+
+
+def run_docsync(settings: Settings, *args: str) -> tuple[int, list[dict[str, object]]]:
+    result = subprocess.run(
+        [sys.executable, "-m", "skillstats.cli", "docsync", "--json", *args],
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert summaries or result.returncode != 0, result.stderr[-2000:]
+    return result.returncode, summaries

@@ -141,7 +141,7 @@ def test_source_offsets_must_be_partition_offset_pairs(settings: Settings) -> No
 def test_docsync_skips_a_replayed_copy_of_a_record_only_the_windows_database_refused(settings: Settings) -> None:
     """docsync counted that record's original (it parks nothing), so the copy is for the windows tables only."""
     from skillstats.streams.docsync import DocSync
-    from tests.test_docsync import actual, seed_registry
+    from tests.helpers import actual_docstats, seed_registry
 
     seed_registry(settings, {"sk_1": "u1"})
     now = int(time.time() * 1000)
@@ -154,4 +154,4 @@ def test_docsync_skips_a_replayed_copy_of_a_record_only_the_windows_database_ref
     summary = DocSync(settings).drain()
     assert summary.stopped_reason == "caught_up", summary.error
     # The original and the copy of a once-invalid record count; the database-refused copy does not.
-    assert actual(settings)[0] == {"sk_1": (2, 0, 0)}
+    assert actual_docstats(settings)[0] == {"sk_1": (2, 0, 0)}

@@ -9,115 +9,33 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
 from skillstats.config import Settings
 from skillstats.sinks.db import open_engine
-from skillstats.sinks.schema import docsync_runs, skills, user_skill_stats
+from skillstats.sinks.schema import docsync_runs
 from skillstats.streams.docsync import DocSync, DrainBudget, DrainSummary
-from skillstats.workload import Record, generate, skill_ids
+from skillstats.workload import Record, generate
 from tests.conftest import record_metric, settings_env
-from tests.helpers import free_port, get, publish, wait_until
+from tests.helpers import (
+    actual_docstats,
+    expected_docstats,
+    free_port,
+    get,
+    publish,
+    registry,
+    run_docsync,
+    seed_registry,
+    wait_until,
+)
 from tests.test_publish import cli
 
 EVENTS = 60_000
 SKILLS = 2000
-
-# docs/contract.md, kinds restated: (downloads, installs_all_time, installs_current) per kind.
-SKILL_DELTAS = {
-    "download": (1, 0, 0),
-    "install_new": (0, 1, 1),
-    "install_reactivate": (0, 0, 1),
-    "install_deactivate": (0, 0, -1),
-}
-
-Stats = dict[str, tuple[int, int, int]]
-
-
-def registry(seed: int) -> dict[str, str | None]:
-    """Rows the registry has: two skills in three, owned by 300 owners (some skills by nobody)."""
-    rng = random.Random(seed)
-    return {
-        skill: (None if rng.random() < 0.05 else f"user_{rng.randrange(300):03d}")
-        for index, skill in enumerate(skill_ids(SKILLS))
-        if index % 3 != 2
-    }
-
-
-def expected(records: list[Record], rows: dict[str, str | None]) -> tuple[Stats, Stats, int]:
-    per_skill: Counter[tuple[str, int]] = Counter()
-    unknown = 0
-    for record in records:
-        if not record.valid:
-            continue
-        body = json.loads(record.value or b"")
-        skill = body["skill_id"]
-        if skill not in rows:
-            unknown += 1
-            continue
-        deltas = SKILL_DELTAS.get(body["kind"], (0, 0, 0))
-        if body["kind"] == "install_clear":
-            deltas = (0, body["delta"]["all_time"], body["delta"]["current"])
-        for column, amount in enumerate(deltas):
-            per_skill[(skill, column)] += amount
-    skill_stats = {s: tuple(per_skill[(s, c)] for c in range(3)) for s in rows}
-    owners: Counter[tuple[str, int]] = Counter()
-    for skill, owner in rows.items():
-        if owner is not None:
-            for column in range(3):
-                owners[(owner, column)] += per_skill[(skill, column)]
-    owner_stats = {o: tuple(owners[(o, c)] for c in range(3)) for o in {o for o in rows.values() if o is not None}}
-    return (
-        skill_stats,
-        {o: v for o, v in owner_stats.items() if v != (0, 0, 0) or o in _touched(rows, per_skill)},
-        unknown,
-    )
-
-
-def _touched(rows: dict[str, str | None], per_skill: Counter[tuple[str, int]]) -> set[str]:
-    return {o for s, o in rows.items() if o is not None and any(per_skill[(s, c)] for c in range(3))}
-
-
-def actual(settings: Settings) -> tuple[Stats, Stats]:
-    engine = open_engine(settings.database_url)
-    try:
-        with engine.connect() as connection:
-            skill_rows = {
-                row.id: (row.downloads, row.installs_all_time, row.installs_current)
-                for row in connection.execute(select(skills))
-            }
-            owner_rows = {
-                row.owner_id: (row.downloads, row.installs_all_time, row.installs_current)
-                for row in connection.execute(select(user_skill_stats))
-            }
-        return skill_rows, owner_rows
-    finally:
-        engine.dispose()
-
-
-def seed_registry(settings: Settings, rows: dict[str, str | None]) -> None:
-    engine = open_engine(settings.database_url)
-    with engine.begin() as connection:
-        connection.execute(insert(skills), [{"id": s, "owner_id": o} for s, o in rows.items()])
-    engine.dispose()
-
-
-def docsync(settings: Settings, *args: str) -> tuple[int, list[dict[str, object]]]:
-    result = subprocess.run(
-        [sys.executable, "-m", "skillstats.cli", "docsync", "--json", *args],
-        env=settings_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert summaries or result.returncode != 0, result.stderr[-2000:]
-    return result.returncode, summaries
 
 
 @pytest.fixture
@@ -131,8 +49,8 @@ def loaded(settings: Settings) -> tuple[Settings, list[Record], dict[str, str | 
 
 
 def assert_exact(settings: Settings, records: list[Record], rows: dict[str, str | None]) -> None:
-    want_skills, want_owners, _unknown = expected(records, rows)
-    got_skills, got_owners = actual(settings)
+    want_skills, want_owners, _unknown = expected_docstats(records, rows)
+    got_skills, got_owners = actual_docstats(settings)
     assert got_skills == want_skills
     assert got_owners == want_owners
 
@@ -140,23 +58,24 @@ def assert_exact(settings: Settings, records: list[Record], rows: dict[str, str 
 def test_drain_is_exact_and_idempotent(loaded: tuple[Settings, list[Record], dict[str, str | None]]) -> None:
     settings, records, rows = loaded
     started = time.monotonic()
-    status, [summary] = docsync(settings)
+    status, [summary] = run_docsync(settings)
     elapsed = time.monotonic() - started
     assert status == 0, summary
     record_metric(
         f"docsync {settings.database_url.split(':')[0]}: {EVENTS} events drained in {elapsed:.1f}s "
         f"(process start to exit) = {EVENTS / elapsed:,.0f} events/s"
     )
-    _skills, _owners, unknown = expected(records, rows)
+    _skills, _owners, unknown = expected_docstats(records, rows)
     assert summary["stopped_reason"] == "caught_up"
     assert summary["events_read"] == EVENTS
     assert summary["invalid_skipped"] == sum(1 for r in records if not r.valid)
     assert summary["unknown_skill_events"] == unknown > 0
     assert_exact(settings, records, rows)
     # Negative deltas made it through (install_clear, install_deactivate), unclamped.
-    assert min(v[2] for v in actual(settings)[0].values()) < 0 or any(v[1] < 0 for v in actual(settings)[0].values())
+    skill_stats = actual_docstats(settings)[0].values()
+    assert min(v[2] for v in skill_stats) < 0 or any(v[1] < 0 for v in skill_stats)
 
-    status, [again] = docsync(settings)
+    status, [again] = run_docsync(settings)
     assert status == 0 and again["events_read"] == 0 and again["stopped_reason"] == "caught_up"
     assert_exact(settings, records, rows)
     engine = open_engine(settings.database_url)
@@ -169,10 +88,10 @@ def test_drain_is_exact_and_idempotent(loaded: tuple[Settings, list[Record], dic
 
 def test_budget_then_the_rest(loaded: tuple[Settings, list[Record], dict[str, str | None]]) -> None:
     settings, records, rows = loaded
-    status, [first] = docsync(settings, "--max-events", "10000")
+    status, [first] = run_docsync(settings, "--max-events", "10000")
     assert status == 0
     assert (first["stopped_reason"], first["events_read"]) == ("budget", 10000)
-    status, [second] = docsync(settings)
+    status, [second] = run_docsync(settings)
     assert status == 0
     assert (second["stopped_reason"], second["events_read"]) == ("caught_up", EVENTS - 10000)
     assert_exact(settings, records, rows)
@@ -207,7 +126,7 @@ def test_two_drains_at_once_apply_everything_once(
     try:
         wait_until(lambda: decoded[0] >= 1000, 60, "the first drain to be reading")
         read_before = decoded[0]
-        status, [second] = docsync(settings)
+        status, [second] = run_docsync(settings)
     finally:
         reader.join(300)
     assert first and not reader.is_alive()
@@ -253,7 +172,7 @@ def test_kill_9_mid_drain_then_a_second_run(
     time.sleep(rng.uniform(0.0, 1.5))  # a random point: reading, applying, or done
     process.send_signal(signal.SIGKILL)
     process.wait(30)
-    status, [summary] = docsync(settings)
+    status, [summary] = run_docsync(settings)
     assert status == 0 and summary["stopped_reason"] == "caught_up"
     assert_exact(settings, records, rows)
     engine.dispose()
@@ -295,7 +214,7 @@ def test_database_errors_are_retried_then_recorded(
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_status_shows_lag_and_runs(loaded: tuple[Settings, list[Record], dict[str, str | None]]) -> None:
     settings, _records, _rows = loaded
-    status, _ = docsync(settings, "--max-events", "25000")
+    status, _ = run_docsync(settings, "--max-events", "25000")
     assert status == 0
     result = subprocess.run(
         [sys.executable, "-m", "skillstats.cli", "status", "--json"],
@@ -326,7 +245,7 @@ def test_skill_id_postgres_cannot_store_is_an_unknown_skill(settings: Settings) 
     summary = DocSync(settings).drain()
     assert summary.stopped_reason == "caught_up", summary.error
     assert (summary.unknown_skill_events, summary.skills_updated) == (1, 1)
-    assert actual(settings) == ({"sk_ok": (1, 0, 0)}, {"u1": (1, 0, 0)})
+    assert actual_docstats(settings) == ({"sk_ok": (1, 0, 0)}, {"u1": (1, 0, 0)})
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -356,7 +275,7 @@ def test_every_repeats_drains_until_sigterm(settings: Settings) -> None:
     process.send_signal(signal.SIGTERM)
     assert process.wait(60) == 0
     assert first["events_read"] == 0 and sum(s["events_read"] for s in later) == 1
-    assert actual(settings)[0] == {"sk_1": (1, 0, 0)}
+    assert actual_docstats(settings)[0] == {"sk_1": (1, 0, 0)}
 
 
 def test_summary_says_events_for_missing_skills_are_skipped_for_good(settings: Settings) -> None:

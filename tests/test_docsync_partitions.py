@@ -24,8 +24,7 @@ from skillstats.kafka import committed_offsets, end_offsets, partition_count
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.schema import docsync_runs
 from skillstats.workload import Record
-from tests.helpers import fences, publish, wait_until
-from tests.test_docsync import actual, docsync, expected, seed_registry
+from tests.helpers import actual_docstats, expected_docstats, fences, publish, run_docsync, seed_registry, wait_until
 from tests.test_publish import cli
 
 SKILLS = [f"sk_multi_{i:02d}" for i in range(24)]
@@ -83,8 +82,8 @@ def produce(
 
 
 def assert_exact(settings: Settings, records: list[Record]) -> None:
-    want_skills, want_owners, _unknown = expected(records, ROWS)
-    got_skills, got_owners = actual(settings)
+    want_skills, want_owners, _unknown = expected_docstats(records, ROWS)
+    got_skills, got_owners = actual_docstats(settings)
     assert got_skills == want_skills
     assert got_owners == want_owners
 
@@ -110,7 +109,7 @@ def test_one_skill_through_several_partitions_adds_up(settings: Settings) -> Non
     # per SQL transaction (the default chunk) meet the same skill four times.
     assert all(len(sent.partitions[skill.encode()]) == 12 for skill in SKILLS)
 
-    status, [summary] = docsync(settings)
+    status, [summary] = run_docsync(settings)
     assert status == 0 and summary["stopped_reason"] == "caught_up", summary
     assert summary["events_read"] == len(first)
     assert summary["unknown_skill_events"] == sum(1 for r in first if (r.key or b"").decode() not in ROWS) > 0
@@ -127,7 +126,7 @@ def test_one_skill_through_several_partitions_adds_up(settings: Settings) -> Non
     produce(settings, added, sent, partitions=[12, 13, 14, 15])
     assert all(len(sent.partitions[skill.encode()]) == 16 for skill in SKILLS)
 
-    status, [second] = docsync(settings)
+    status, [second] = run_docsync(settings)
     assert status == 0 and second["stopped_reason"] == "caught_up", second
     assert second["events_read"] == len(moved) + len(added)
     assert_exact(settings, first + moved + added)
@@ -167,7 +166,7 @@ def test_transactional_topic_drains_to_caught_up(settings: Settings) -> None:
     in_transaction(producer, settings.topic, later, commit=True)  # every partition written ends in a marker
     producer.flush(30)
 
-    status, [summary] = docsync(settings, "--max-seconds", "120")
+    status, [summary] = run_docsync(settings, "--max-seconds", "120")
     assert status == 0, summary
     assert summary["stopped_reason"] == "caught_up", summary
     assert summary["duration_seconds"] < 60
@@ -175,7 +174,7 @@ def test_transactional_topic_drains_to_caught_up(settings: Settings) -> None:
     assert_exact(settings, committed + later)  # the aborted twenty count for nothing
     assert_fences_at_ends(settings)
 
-    status, [again] = docsync(settings, "--max-seconds", "120")
+    status, [again] = run_docsync(settings, "--max-seconds", "120")
     assert status == 0 and (again["stopped_reason"], again["events_read"]) == ("caught_up", 0), again
     assert_exact(settings, committed + later)
 
@@ -190,7 +189,7 @@ def test_open_transaction_does_not_hold_the_drain(settings: Settings) -> None:
     stable = high_watermarks(settings, "read_committed")  # a read_committed ListOffsets: the last stable offsets
     assert any(stable[p] < end for p, end in written.items()), "the open transaction is on no partition"
 
-    status, [summary] = docsync(settings, "--max-seconds", "120")
+    status, [summary] = run_docsync(settings, "--max-seconds", "120")
     assert status == 0 and summary["stopped_reason"] == "caught_up", summary
     assert summary["events_read"] == len(before)
     assert_exact(settings, before)
@@ -198,7 +197,7 @@ def test_open_transaction_does_not_hold_the_drain(settings: Settings) -> None:
     assert fences(settings, settings.docsync_group) == {p: n for p, n in stable.items() if n > 0}
 
     producer.commit_transaction(30)
-    status, [after] = docsync(settings, "--max-seconds", "120")
+    status, [after] = run_docsync(settings, "--max-seconds", "120")
     assert status == 0 and after["stopped_reason"] == "caught_up", after
     assert after["events_read"] == len(pending)  # resumed at the open transaction's first record
     assert_exact(settings, before + pending)
@@ -245,9 +244,9 @@ def test_fence_ahead_of_the_log_stops_the_drain_loudly(settings: Settings) -> No
     seed_registry(settings, ROWS)
     drained = events(600, seed=31)
     assert publish(settings, drained) == len(drained)
-    status, [summary] = docsync(settings)
+    status, [summary] = run_docsync(settings)
     assert status == 0 and summary["stopped_reason"] == "caught_up", summary
-    stats_before = actual(settings)
+    stats_before = actual_docstats(settings)
     fences_before = fences(settings, settings.docsync_group)
 
     recreate_topic(settings, 12)
@@ -263,7 +262,7 @@ def test_fence_ahead_of_the_log_stops_the_drain_loudly(settings: Settings) -> No
         for p, (fence, end) in ahead.items():
             assert f"partition {p}: fence {fence} > log end {end}" in output, output
     assert "skillstats fences reset" in result.stdout
-    assert actual(settings) == stats_before  # nothing of the new topic applied
+    assert actual_docstats(settings) == stats_before  # nothing of the new topic applied
     assert fences(settings, settings.docsync_group) == fences_before
 
     engine = open_engine(settings.database_url)

@@ -120,7 +120,8 @@ def test_windows_stops_within_its_budget_while_the_database_hangs(settings: Sett
 def own_kafka(tmp_path: Path) -> Iterator[str]:
     """A single-node Kafka of this test's own, so the test can take it away."""
     port = free_port()
-    env = {"KAFKA_PORT": str(port), "SKILLSTATS_STATE_DIR": str(tmp_path / "state")}
+    # One node, whatever the cluster of the suite has (the fault suite's is three).
+    env = {"KAFKA_PORT": str(port), "KAFKA_NODES": "1", "SKILLSTATS_STATE_DIR": str(tmp_path / "state")}
     (tmp_path / "state").mkdir()
     os.symlink(ROOT / ".local" / "kafka-libs", tmp_path / "state" / "kafka-libs")
     local_service("kafka.sh", "start", **env)
@@ -150,7 +151,11 @@ def test_windows_stops_within_its_budget_when_the_broker_is_gone(
     wait_until(caught_up(settings, settings.windows_group, worker), 120, "the worker to apply the events")
 
     local_service(
-        "kafka.sh", "stop", KAFKA_PORT=own_kafka.rsplit(":", 1)[1], SKILLSTATS_STATE_DIR=str(tmp_path / "state")
+        "kafka.sh",
+        "stop",
+        KAFKA_PORT=own_kafka.rsplit(":", 1)[1],
+        KAFKA_NODES="1",
+        SKILLSTATS_STATE_DIR=str(tmp_path / "state"),
     )
     status = stopped_within_budget(worker.process, "windows, broker gone")
     if status == EXIT_SHUTDOWN_OVERRUN:

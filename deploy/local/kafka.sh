@@ -6,6 +6,11 @@
 #   deploy/local/kafka.sh stop           SIGTERM, wait for a clean shutdown (SIGKILL after 60 s)
 #   deploy/local/kafka.sh status         exit 0 when every node is running
 #   deploy/local/kafka.sh reset          stop and delete the cluster's data
+#   deploy/local/kafka.sh stop-node N    stop node N only (SIGTERM: a controlled shutdown, leaders move)
+#   deploy/local/kafka.sh kill-node N    SIGKILL node N: a crash, no controlled shutdown
+#   deploy/local/kafka.sh start-node N   start node N again, wait until it answers
+#   deploy/local/kafka.sh bootstrap      print the bootstrap list, every node (clients need more than
+#                                        one address to reach a cluster whose first node is down)
 #
 # Environment:
 #   KAFKA_PORT       first broker port on 127.0.0.1 (default 9092); node i listens on PORT+i-1
@@ -111,21 +116,29 @@ start_node() {
   echo $! >"$dir/kafka.pid"
 }
 
+# wait_started [N]: every node, or node N only.
 wait_started() {
-  local deadline=$((SECONDS + ${KAFKA_START_TIMEOUT:-120})) i ready
+  local deadline=$((SECONDS + ${KAFKA_START_TIMEOUT:-120})) i ready first=${1:-1} last=${1:-$nodes}
   while :; do
     ready=0
-    for ((i = 1; i <= nodes; i++)); do
+    for ((i = first; i <= last; i++)); do
       alive "$i" || { tail -n 40 "$(node_dir "$i")/logs/stdout.log" "$(node_dir "$i")/logs/server.log" >&2; die "node $i exited during start-up"; }
       if grep -q "Kafka Server started" "$(node_dir "$i")/logs/server.log" 2>/dev/null &&
         (exec 3<>"/dev/tcp/127.0.0.1/$(broker_port "$i")") 2>/dev/null; then
         ready=$((ready + 1))
       fi
     done
-    ((ready == nodes)) && return 0
+    ((ready == last - first + 1)) && return 0
     ((SECONDS < deadline)) || die "Kafka did not start within ${KAFKA_START_TIMEOUT:-120}s; logs in $cluster"
     sleep 0.5
   done
+}
+
+bootstrap_list() {
+  local i list=""
+  [[ -f $cluster/nodes ]] && nodes=$(cat "$cluster/nodes")
+  for ((i = 1; i <= nodes; i++)); do list+="${list:+,}127.0.0.1:$(broker_port "$i")"; done
+  echo "$list"
 }
 
 start() {
@@ -139,14 +152,14 @@ start() {
   local i
   for ((i = 1; i <= nodes; i++)); do start_node "$i"; done
   wait_started
-  log "Kafka running: bootstrap 127.0.0.1:$port ($nodes node(s)); logs in $cluster"
+  log "Kafka running: bootstrap $(bootstrap_list) ($nodes node(s)); logs in $cluster"
 }
 
-stop() {
+# stop_nodes N...: SIGTERM to all of them at once, then wait for each (SIGKILL after 60 s).
+stop_nodes() {
   local i pid deadline
-  [[ -f $cluster/nodes ]] && nodes=$(cat "$cluster/nodes")
-  for ((i = 1; i <= nodes; i++)); do alive "$i" && kill -TERM "$(pid_of "$i")"; done
-  for ((i = 1; i <= nodes; i++)); do
+  for i in "$@"; do alive "$i" && kill -TERM "$(pid_of "$i")"; done
+  for i in "$@"; do
     pid=$(pid_of "$i") || continue
     deadline=$((SECONDS + 60))
     while kill -0 "$pid" 2>/dev/null; do
@@ -155,7 +168,20 @@ stop() {
     done
     rm -f "$(node_dir "$i")/kafka.pid"
   done
+}
+
+stop() {
+  [[ -f $cluster/nodes ]] && nodes=$(cat "$cluster/nodes")
+  stop_nodes $(seq 1 "$nodes")
   log "Kafka on port $port stopped"
+}
+
+# The node argument of stop-node and start-node, checked against the formatted cluster
+# (whose size, not KAFKA_NODES, then sets `nodes`: start_node writes the quorum from it).
+check_node_arg() {
+  [[ -f $cluster/nodes ]] || die "no cluster on port $port; start it first"
+  nodes=$(cat "$cluster/nodes")
+  [[ ${1:-} =~ ^[0-9]+$ ]] && ((${1} >= 1 && ${1} <= nodes)) || die "node must be 1..$nodes, got '${1:-}'"
 }
 
 status() {
@@ -173,5 +199,14 @@ case "${1:-}" in
   stop) stop ;;
   status) status ;;
   reset) stop; rm -rf "$cluster"; log "deleted $cluster" ;;
-  *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  stop-node) check_node_arg "${2:-}"; stop_nodes "$2"; log "node $2 (127.0.0.1:$(broker_port "$2")) stopped" ;;
+  kill-node)
+    check_node_arg "${2:-}"
+    if alive "$2"; then kill -KILL "$(pid_of "$2")"; fi
+    stop_nodes "$2" # reaps it and removes the pid file
+    log "node $2 (127.0.0.1:$(broker_port "$2")) killed"
+    ;;
+  start-node) check_node_arg "${2:-}"; fetch; start_node "$2"; wait_started "$2"; log "node $2 running" ;;
+  bootstrap) bootstrap_list ;;
+  *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

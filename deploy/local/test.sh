@@ -12,7 +12,6 @@ cd "$repo"
 source deploy/local/lib.sh
 
 export KAFKA_PORT=${SKILLSTATS_TEST_KAFKA_PORT:-19092} PG_PORT=${SKILLSTATS_TEST_PG_PORT:-55432}
-export SKILLSTATS_TEST_KAFKA=127.0.0.1:$KAFKA_PORT
 export SKILLSTATS_TEST_PG=postgresql://postgres@127.0.0.1:$PG_PORT/postgres
 export SKILLSTATS_TEST_METRICS=$repo/.local/test-metrics.txt
 
@@ -29,6 +28,8 @@ ensure_debian_tools
 ensure_python_env
 say "services"
 deploy/local/kafka.sh status >/dev/null 2>&1 || { started_kafka=1; deploy/local/kafka.sh start; }
+SKILLSTATS_TEST_KAFKA=$(deploy/local/kafka.sh bootstrap) # every node: the fault suite stops some
+export SKILLSTATS_TEST_KAFKA
 deploy/local/postgres.sh status >/dev/null 2>&1 || { started_pg=1; deploy/local/postgres.sh start >/dev/null; }
 say "ruff"
 ruff check skillstats streams sinks tests deploy
