@@ -114,3 +114,13 @@ def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that points a `skillstats` subprocess at these settings."""
     # No metrics port unless a test asks for one (--metrics-port): workers of one test share a host.
     return {**os.environ, "SKILLSTATS_METRICS_PORT": "0", "SKILLSTATS_METRICS_HOST": "127.0.0.1", **settings.to_env()}
+
+
+@pytest.fixture
+def registry_rows(settings: Settings) -> dict[str, str | None]:
+    """The registry's skills and owners (tests.helpers.registry), seeded for the doc-stat tables."""
+    from tests.helpers import registry, seed_registry
+
+    rows = registry(seed=11)
+    seed_registry(settings, rows)
+    return rows

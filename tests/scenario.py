@@ -137,6 +137,15 @@ class SteadyPublisher:
         return self.sent
 
 
+def applied(settings: Settings) -> int:
+    """Records the windows group has applied, by its SQL fences."""
+    return sum(fences(settings, settings.windows_group).values())
+
+
+def started_applying(settings: Settings, worker: WorkerProcess) -> None:
+    wait_until(lambda: worker.assert_alive() is None and applied(settings) > 0, 120, "the worker to start applying")
+
+
 def applied_past(settings: Settings, group: str, ends: dict[int, int]) -> bool:
     """Whether `group`'s SQL fences are at or past `ends` (partition -> offset) everywhere."""
     applied = fences(settings, group)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import random
 import signal
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from sqlalchemy import select
@@ -148,34 +146,6 @@ def test_two_drains_at_once_apply_everything_once(
     assert max(r.started_at for r in runs) < min(r.finished_at for r in runs), [
         (r.started_at, r.finished_at) for r in runs
     ]
-
-
-@pytest.mark.faults
-def test_kill_9_mid_drain_then_a_second_run(
-    loaded: tuple[Settings, list[Record], dict[str, str | None]], tmp_path: Path
-) -> None:
-    settings, records, rows = loaded
-    rng = random.Random()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "skillstats.cli", "docsync", "--chunk-partitions", "1"],
-        env=settings_env(settings),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    engine = open_engine(settings.database_url)
-
-    def run_started() -> bool:
-        with engine.connect() as connection:
-            return connection.execute(select(docsync_runs.c.id)).first() is not None
-
-    wait_until(run_started, 60, "the drain to start")
-    time.sleep(rng.uniform(0.0, 1.5))  # a random point: reading, applying, or done
-    process.send_signal(signal.SIGKILL)
-    process.wait(30)
-    status, [summary] = run_docsync(settings)
-    assert status == 0 and summary["stopped_reason"] == "caught_up"
-    assert_exact(settings, records, rows)
-    engine.dispose()
 
 
 def test_database_errors_are_retried_then_recorded(

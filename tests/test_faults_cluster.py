@@ -11,6 +11,9 @@ three times, min.insync.replicas 2, so one broker can go at any time.
 from __future__ import annotations
 
 import random
+import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,22 +21,23 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from skillstats.config import Settings
 from skillstats.kafka import end_offsets, ensure_topics
 from skillstats.publisher import Publisher, PublishError
+from skillstats.sinks.db import open_engine
+from skillstats.sinks.schema import docsync_runs
 from skillstats.workload import generate
+from tests.conftest import settings_env
 from tests.helpers import (
     WorkerProcess,
     caught_up,
-    fences,
     read_topic,
-    registry,
     run_docsync,
-    seed_registry,
     wait_until,
 )
-from tests.scenario import Cluster, ScenarioReport, SteadyPublisher, seconds_to_recover
+from tests.scenario import Cluster, ScenarioReport, SteadyPublisher, applied, seconds_to_recover, started_applying
 from tests.test_publish import cli
 
 pytestmark = pytest.mark.faults
@@ -53,28 +57,12 @@ def cluster(kafka_bootstrap: str) -> Iterator[Cluster]:
         cluster.start(node)
 
 
-@pytest.fixture
-def rows(settings: Settings) -> dict[str, str | None]:
-    """The registry's skills and owners, for the doc-stat tables."""
-    rows = registry(seed=11)
-    seed_registry(settings, rows)
-    return rows
-
-
 def database(settings: Settings) -> str:
     return settings.database_url.split(":")[0]
 
 
-def applied(settings: Settings) -> int:
-    return sum(fences(settings, settings.windows_group).values())
-
-
-def started_applying(settings: Settings, worker: WorkerProcess) -> None:
-    wait_until(lambda: worker.assert_alive() is None and applied(settings) > 0, 120, "the worker to start applying")
-
-
 def test_windows_killed_five_times_under_load(
-    settings: Settings, rows: dict[str, str | None], cluster: Cluster, tmp_path: Path
+    settings: Settings, registry_rows: dict[str, str | None], cluster: Cluster, tmp_path: Path
 ) -> None:
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
@@ -95,7 +83,7 @@ def test_windows_killed_five_times_under_load(
         sent = publisher.stop()
     wait_until(caught_up(settings, settings.windows_group, worker), 180, "the worker to apply everything")
     assert worker.terminate() == 0, worker.log_tail()
-    report.finish(settings, sent, rows)
+    report.finish(settings, sent, registry_rows)
 
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
@@ -103,7 +91,7 @@ def test_windows_killed_five_times_under_load(
     ("target", "crash"), [("partition leader", False), ("group coordinator", False), ("group coordinator", True)]
 )
 def test_a_broker_stopped_and_restarted_under_load(
-    settings: Settings, rows: dict[str, str | None], cluster: Cluster, target: str, crash: bool, tmp_path: Path
+    settings: Settings, registry_rows: dict[str, str | None], cluster: Cluster, target: str, crash: bool, tmp_path: Path
 ) -> None:
     group = settings.windows_group
     how = "killed (SIGKILL)" if crash else "stopped"
@@ -143,13 +131,13 @@ def test_a_broker_stopped_and_restarted_under_load(
         sent = publisher.stop()
     wait_until(caught_up(settings, group, worker), 180, "the worker to apply everything")
     assert worker.terminate() == 0, worker.log_tail()
-    report.finish(settings, sent, rows)
+    report.finish(settings, sent, registry_rows)
 
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 @pytest.mark.parametrize("crash", [False, True], ids=["stopped", "killed"])
 def test_a_docsync_drain_while_a_broker_is_down(
-    settings: Settings, rows: dict[str, str | None], cluster: Cluster, crash: bool, tmp_path: Path
+    settings: Settings, registry_rows: dict[str, str | None], cluster: Cluster, crash: bool, tmp_path: Path
 ) -> None:
     how = "killed (SIGKILL)" if crash else "stopped"
     report = ScenarioReport(f"a docsync drain with a broker {how} just before", database(settings))
@@ -171,7 +159,44 @@ def test_a_docsync_drain_while_a_broker_is_down(
         sent = publisher.stop()
     wait_until(caught_up(settings, settings.windows_group, worker), 180, "the worker to apply everything")
     assert worker.terminate() == 0, worker.log_tail()
-    report.finish(settings, sent, rows)  # a second drain: the rest, nothing twice
+    report.finish(settings, sent, registry_rows)  # a second drain: the rest, nothing twice
+
+
+def test_a_docsync_drain_killed_mid_run_then_run_again(
+    settings: Settings, registry_rows: dict[str, str | None], tmp_path: Path
+) -> None:
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    report = ScenarioReport(f"a docsync drain SIGKILLed mid-run, then run again (seed {seed})", database(settings))
+    engine = open_engine(settings.database_url)
+
+    def run_started() -> bool:
+        with engine.connect() as connection:
+            return connection.execute(select(docsync_runs.c.id)).first() is not None
+
+    with SteadyPublisher(settings, RATE, seed=seed) as publisher:
+        worker = WorkerProcess(settings, tmp_path / "worker.log")
+        wait_until(lambda: worker.assert_alive() or len(publisher.sent) >= 20_000, 120, "a backlog for docsync")
+        drain = subprocess.Popen(
+            [sys.executable, "-m", "skillstats.cli", "docsync", "--chunk-partitions", "1"],
+            env=settings_env(settings),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_until(run_started, 60, "the drain to start")
+        time.sleep(rng.uniform(0.0, 1.5))  # a random point: reading, applying a chunk, or done
+        drain.send_signal(signal.SIGKILL)
+        drain.wait(30)
+        killed = time.monotonic()
+        report.fault("docsync SIGKILLed")
+        status, summaries = run_docsync(settings)  # the next run, events still arriving
+        assert status == 0 and summaries[-1]["stopped_reason"] == "caught_up", summaries
+        report.recoveries.append(time.monotonic() - killed)
+        sent = publisher.stop()
+    engine.dispose()
+    wait_until(caught_up(settings, settings.windows_group, worker), 180, "the worker to apply everything")
+    assert worker.terminate() == 0, worker.log_tail()
+    report.finish(settings, sent, registry_rows)  # one more drain: the rest, nothing twice
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
