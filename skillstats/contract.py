@@ -350,10 +350,16 @@ def decode(key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> 
                 and (timestamp_ms is None or timestamp_ms < 0 or at <= timestamp_ms + MAX_FUTURE_SKEW_MS)
                 and key == skill_id.encode()
                 and value.count(b'"') == (_QUOTES_WITHOUT_DELTA if delta is None else _QUOTES_WITH_DELTA)
+                # Bounds on delta whatever the kind: msgspec reads an integer literal of any length
+                # as an int, where the reference parser (orjson) reads one past 64 bits as a double
+                # and refuses one past a double. A download carrying `"all_time": 1` and 400 zeros
+                # was valid here and malformed there (tests/hostile_corpus.py); every number the
+                # fast path accepts must be one it has range-checked.
+                and (delta is None or (abs(delta.all_time) <= MAX_ABS_DELTA and abs(delta.current) <= MAX_ABS_DELTA))
             ):
                 if not effect.uses_delta:
                     return StatEvent(event_id, skill_id, kind, at)
-                if delta is not None and abs(delta.all_time) <= MAX_ABS_DELTA and abs(delta.current) <= MAX_ABS_DELTA:
+                if delta is not None:
                     return StatEvent(event_id, skill_id, kind, at, delta.all_time, delta.current)
         except MemoryError:
             raise
