@@ -19,7 +19,7 @@ from typing import Any, TextIO
 import orjson
 
 from skillstats import __version__
-from skillstats.config import LIBRDKAFKA_LOG, MaskSecrets, Settings, mask, redact_url
+from skillstats.config import LIBRDKAFKA_LOG, MaskSecrets, Settings, SettingsError, mask, redact_url
 from skillstats.contract import (
     EFFECTS,
     KINDS,
@@ -542,9 +542,27 @@ def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def _refuse_early(settings: Settings, command: str) -> None:
+    """Stop a long-running command at once when Kafka refuses its credentials or TLS.
+
+    A broker that is merely away is not an error here: the worker or exporter keeps
+    trying (Kubernetes may start it before Kafka). A refusal is different: no retry
+    cures it, and faust's client would otherwise retry it silently for ever.
+    """
+    from skillstats.kafka import KafkaRefused, KafkaUnreachable, list_topic_names
+
+    try:
+        list_topic_names(settings, timeout=15)
+    except KafkaRefused:
+        raise
+    except KafkaUnreachable as exc:
+        logging.getLogger("skillstats").warning("%s: %s; starting anyway, it keeps trying", command, exc)
+
+
 def cmd_windows(args: argparse.Namespace, settings: Settings) -> int:
     from skillstats.streams.windows import run
 
+    _refuse_early(settings, "windows")
     run(
         settings,
         log_level=args.log_level,
@@ -599,6 +617,7 @@ def cmd_lag_exporter(args: argparse.Namespace, settings: Settings) -> int:
     if not args.metrics_port:
         raise UsageError("the lag-exporter only serves metrics: give it a --metrics-port")
     path = sqlite_path(settings.database_url)
+    _refuse_early(settings, "lag-exporter")
 
     def open_database() -> Any:
         # The exporter never creates a database: until there is one it serves Kafka's view only.
@@ -860,7 +879,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     LIBRDKAFKA_LOG.setLevel(logging.CRITICAL if args.verbose == 0 else logging.DEBUG)
-    settings = _settings(args)
+    try:
+        settings = _settings(args)
+    except SettingsError as exc:
+        parser.exit(EXIT_USAGE, f"skillstats {args.command}: {exc}\n")
     secrets = settings.secrets()
     masking = MaskSecrets(secrets)
     for handler in logging.getLogger().handlers:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 # librdkafka's own log lines (connection failures by the hundred while a broker is
@@ -12,7 +13,8 @@ from typing import Any
 LIBRDKAFKA_LOG = logging.getLogger("skillstats.librdkafka")
 
 # librdkafka names for the security settings, read from SKILLSTATS_KAFKA_<NAME>
-# (dots as underscores), e.g. SKILLSTATS_KAFKA_SASL_USERNAME.
+# (dots as underscores), e.g. SKILLSTATS_KAFKA_SASL_USERNAME, or from the file
+# SKILLSTATS_KAFKA_<NAME>_FILE names (SKILLSTATS_KAFKA_SASL_PASSWORD_FILE).
 _KAFKA_SECURITY_KEYS = (
     "security.protocol",
     "sasl.mechanism",
@@ -23,6 +25,29 @@ _KAFKA_SECURITY_KEYS = (
     "ssl.key.location",
     "ssl.key.password",
 )
+
+
+class SettingsError(ValueError):
+    """The environment's settings contradict themselves or name a file that cannot be read."""
+
+
+def _env_or_file(env: dict[str, str], name: str) -> str | None:
+    """`name` from the environment, or the contents of the file `<name>_FILE` names (one, not both).
+
+    The _FILE form is how Kubernetes and Docker hand over a mounted secret: the
+    value never sits in the process environment (which `ps e`, /proc and crash
+    reporters show). One trailing newline, as editors and `echo` leave it, is dropped.
+    """
+    path = env.get(name + "_FILE")
+    if path is None:
+        return env.get(name)
+    if name in env:
+        raise SettingsError(f"both {name} and {name}_FILE are set; keep one")
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise SettingsError(f"{name}_FILE: cannot read {path}: {exc.strerror or exc}") from None
+    return text[:-1] if text.endswith("\n") else text
 
 
 @dataclass(frozen=True)
@@ -40,13 +65,13 @@ class Settings:
         env = dict(os.environ if env is None else env)
         defaults = cls()
         security = {
-            key: env[name]
+            key: value
             for key in _KAFKA_SECURITY_KEYS
-            if (name := "SKILLSTATS_KAFKA_" + key.replace(".", "_").upper()) in env
+            if (value := _env_or_file(env, "SKILLSTATS_KAFKA_" + key.replace(".", "_").upper())) is not None
         }
         return cls(
             kafka_bootstrap=env.get("SKILLSTATS_KAFKA_BOOTSTRAP", defaults.kafka_bootstrap),
-            database_url=env.get("SKILLSTATS_DATABASE_URL", defaults.database_url),
+            database_url=_env_or_file(env, "SKILLSTATS_DATABASE_URL") or defaults.database_url,
             topic=env.get("SKILLSTATS_TOPIC", defaults.topic),
             dlq_topic=env.get("SKILLSTATS_DLQ_TOPIC", defaults.dlq_topic),
             windows_group=env.get("SKILLSTATS_WINDOWS_GROUP", defaults.windows_group),

@@ -129,12 +129,64 @@ class KafkaUnreachable(ConnectionError):
 
 
 def list_topic_names(settings: Settings, timeout: float = 10.0) -> dict[str, Any]:
-    """The cluster's topics (name -> metadata); KafkaUnreachable when no broker answers within `timeout`."""
-    admin = AdminClient(settings.kafka_config())
-    try:
-        return admin.list_topics(timeout=timeout).topics
-    except KafkaException as exc:
-        raise KafkaUnreachable(settings, timeout, exc) from None
+    """The cluster's topics (name -> metadata).
+
+    KafkaRefused as soon as a broker refuses our credentials or TLS (waiting cures
+    neither), KafkaUnreachable when no broker answers within `timeout`.
+    """
+    refusals = RefusalWatch()
+    admin = AdminClient(settings.kafka_config(error_cb=refusals))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return admin.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic()))).topics
+        except KafkaException as exc:
+            admin.poll(0)  # serves error_cb
+            refusals.raise_if_refused(settings)
+            if time.monotonic() >= deadline:
+                raise KafkaUnreachable(settings, timeout, exc) from None
+
+
+class KafkaRefused(KafkaUnreachable):
+    """A broker answered but refused who we are: wrong SASL credentials or mechanism, or a TLS failure."""
+
+    def __init__(self, settings: Settings, reason: str) -> None:
+        ConnectionError.__init__(
+            self,
+            f"Kafka at {settings.kafka_bootstrap} refused the connection: {reason}. Check the security settings "
+            f"(SKILLSTATS_KAFKA_SECURITY_PROTOCOL, _SASL_MECHANISM, _SASL_USERNAME, _SASL_PASSWORD or "
+            f"_SASL_PASSWORD_FILE, _SSL_CA_LOCATION, _SSL_CERTIFICATE_LOCATION, _SSL_KEY_LOCATION)",
+        )
+
+
+class RefusalWatch:
+    """An error_cb for librdkafka clients: remembers the first refusal no retry will cure.
+
+    librdkafka retries a refused login or a failed TLS handshake for ever, reporting
+    each through error_cb; the call that waits (list_topics, flush) only times out,
+    and says "transport failure". With this the caller can stop at the first
+    refusal and say what it was.
+    """
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def __call__(self, error: KafkaError) -> None:
+        if self.reason is None and refused(error):
+            self.reason = error.str()
+
+    def raise_if_refused(self, settings: Settings) -> None:
+        if self.reason is not None:
+            raise KafkaRefused(settings, self.reason)
+
+
+def refused(error: KafkaError) -> bool:
+    """Whether `error` is a broker refusing our identity (SASL) or a TLS failure, not a broker that is away."""
+    code = error.code()
+    if code in (KafkaError._AUTHENTICATION, KafkaError._SSL, KafkaError.SASL_AUTHENTICATION_FAILED):
+        return True
+    # A TLS alert from the broker (say, no client certificate) arrives as a failed receive.
+    return code == KafkaError._TRANSPORT and ("SSL routines" in error.str() or "certificate" in error.str())
 
 
 def partition_count(settings: Settings, topic: str, timeout: float = 10.0) -> int:

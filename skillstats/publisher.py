@@ -8,6 +8,7 @@ can never mistake "queued in librdkafka" for "published".
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from types import TracebackType
 
@@ -15,6 +16,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from skillstats.config import Settings
 from skillstats.contract import StatEvent
+from skillstats.kafka import KafkaRefused, RefusalWatch
 
 Headers = Sequence[tuple[str, bytes]]
 
@@ -51,8 +53,9 @@ class Publisher:
         self.delivered = 0
         self._pending = 0
         self._errors: list[str] = []
-        self._bootstrap = settings.kafka_bootstrap
-        self._producer = Producer(producer_config(settings))
+        self._settings = settings
+        self._refusals = RefusalWatch()
+        self._producer = Producer(producer_config(settings, error_cb=self._refusals))
 
     def _on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
         self._pending -= 1
@@ -91,15 +94,24 @@ class Publisher:
             self.send(event)
 
     def flush(self, timeout: float | None = None) -> int:
-        """Wait until every record sent is acknowledged; returns how many were delivered in all."""
+        """Wait until every record sent is acknowledged; returns how many were delivered in all.
+
+        Raises PublishError when the budget runs out first, and at once when a broker
+        refuses our credentials or TLS (librdkafka would retry that for ever).
+        """
         budget = self.flush_timeout if timeout is None else timeout
-        remaining = self._producer.flush(budget)
-        if remaining:
-            raise PublishError(
-                f"{remaining} record(s) not confirmed by the broker within {budget:g}s; "
-                f"is Kafka reachable at {self._bootstrap}?",
-                remaining,
-            )
+        deadline = time.monotonic() + budget
+        while remaining := self._producer.flush(max(0.0, min(1.0, deadline - time.monotonic()))):
+            if self._refusals.reason is not None:
+                raise PublishError(
+                    f"{remaining} record(s) not sent: {KafkaRefused(self._settings, self._refusals.reason)}", remaining
+                )
+            if time.monotonic() >= deadline:
+                raise PublishError(
+                    f"{remaining} record(s) not confirmed by the broker within {budget:g}s; "
+                    f"is Kafka reachable at {self._settings.kafka_bootstrap}?",
+                    remaining,
+                )
         if self._errors:
             errors, self._errors = self._errors, []
             raise PublishError(f"broker rejected record(s): {'; '.join(errors)}", len(errors))

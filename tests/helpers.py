@@ -71,13 +71,13 @@ class WorkerProcess:
     # ends, so a failing test cannot leave a worker behind in a later test's way.
     started: ClassVar[list[WorkerProcess]] = []
 
-    def __init__(self, settings: Settings, log_path: Path, *extra: str) -> None:
+    def __init__(self, settings: Settings, log_path: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         WorkerProcess.started.append(self)
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "skillstats.cli", "windows", "--log-level", "debug", *extra],
-            env=settings_env(settings),
+            env=settings_env(settings) if env is None else env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

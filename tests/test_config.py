@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from skillstats.config import Settings
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from skillstats.config import Settings, SettingsError
 
 
 def test_defaults_are_the_spec_defaults() -> None:
@@ -115,3 +122,34 @@ def sys_exc_info() -> object:
     import sys
 
     return sys.exc_info()
+
+
+def test_secrets_from_files_as_a_mounted_secret_hands_them_over(tmp_path: Path) -> None:
+    (tmp_path / "kafka").write_text("s3cret-with-trailing-newline\n")
+    (tmp_path / "db").write_text("postgresql://u:pw@db/x")  # no newline: taken as it is
+    settings = Settings.from_env(
+        {
+            "SKILLSTATS_KAFKA_SASL_PASSWORD_FILE": str(tmp_path / "kafka"),
+            "SKILLSTATS_DATABASE_URL_FILE": str(tmp_path / "db"),
+        }
+    )
+    assert settings.kafka_security == {"sasl.password": "s3cret-with-trailing-newline"}
+    assert settings.database_url == "postgresql://u:pw@db/x"
+    assert set(settings.secrets()) == {"s3cret-with-trailing-newline", "pw"}
+    assert "s3cret" not in repr(settings) and "pw@" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SKILLSTATS_KAFKA_SASL_PASSWORD": "a", "SKILLSTATS_KAFKA_SASL_PASSWORD_FILE": "/x"}, "keep one"),
+        ({"SKILLSTATS_DATABASE_URL_FILE": "/no/such/file"}, "cannot read /no/such/file"),
+    ],
+)
+def test_a_secret_file_that_cannot_be_used_is_a_clear_error(env: dict[str, str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        Settings.from_env(env)
+    done = subprocess.run(
+        [sys.executable, "-m", "skillstats.cli", "status"], env={**os.environ, **env}, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr

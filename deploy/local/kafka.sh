@@ -18,6 +18,9 @@
 #                    so 3 gives a real quorum, replication factor 3 and min.insync 2.
 #   SKILLSTATS_STATE_DIR  where jars, data and logs live (default <repo>/.local)
 #   KAFKA_HEAP_OPTS  JVM heap (default -Xms256m -Xmx768m)
+#   KAFKA_EXTRA_LISTENERS  more listeners for a single node, e.g.
+#                    SASL_PLAINTEXT://127.0.0.1:9192,SSL://127.0.0.1:9193 (named after their protocol)
+#   KAFKA_EXTRA_CONFIG     a file appended to server.properties (their SASL and TLS settings)
 #
 # A cluster is identified by its first port, so a test run on 19092 and a demo on
 # 9092 can run side by side without touching each other's data.
@@ -65,6 +68,11 @@ write_config() {
   local i=$1 dir voters="" rf isr j
   dir=$(node_dir "$i")
   for ((j = 1; j <= nodes; j++)); do voters+="${voters:+,}$j@127.0.0.1:$(controller_port "$j")"; done
+  local extra=${KAFKA_EXTRA_LISTENERS:-} protocols="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT" listener
+  if [[ -n $extra ]]; then
+    ((nodes == 1)) || die "KAFKA_EXTRA_LISTENERS is for a single node"
+    for listener in ${extra//,/ }; do protocols+=",${listener%%:*}:${listener%%:*}"; done
+  fi
   rf=$((nodes < 3 ? nodes : 3))
   isr=$((rf > 1 ? 2 : 1))
   mkdir -p "$dir/data" "$dir/logs"
@@ -72,9 +80,9 @@ write_config() {
 process.roles=broker,controller
 node.id=$i
 controller.quorum.voters=$voters
-listeners=PLAINTEXT://127.0.0.1:$(broker_port "$i"),CONTROLLER://127.0.0.1:$(controller_port "$i")
-advertised.listeners=PLAINTEXT://127.0.0.1:$(broker_port "$i")
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listeners=PLAINTEXT://127.0.0.1:$(broker_port "$i"),CONTROLLER://127.0.0.1:$(controller_port "$i")${extra:+,$extra}
+advertised.listeners=PLAINTEXT://127.0.0.1:$(broker_port "$i")${extra:+,$extra}
+listener.security.protocol.map=$protocols
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 log.dirs=$dir/data
@@ -93,6 +101,7 @@ auto.create.topics.enable=false
 group.initial.rebalance.delay.ms=0
 log.retention.hours=168
 EOF
+  if [[ -n ${KAFKA_EXTRA_CONFIG:-} ]]; then cat "$KAFKA_EXTRA_CONFIG" >>"$dir/server.properties"; fi
 }
 
 start_node() {
@@ -208,5 +217,5 @@ case "${1:-}" in
     ;;
   start-node) check_node_arg "${2:-}"; fetch; start_node "$2"; wait_started "$2"; log "node $2 running" ;;
   bootstrap) bootstrap_list ;;
-  *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

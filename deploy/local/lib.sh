@@ -29,6 +29,7 @@ ensure_debian_tools() {
   command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
   command -v mvn >/dev/null || missing+=(maven)
   command -v promtool >/dev/null || missing+=(prometheus) # prometheus and promtool, for the alert tests
+  command -v openssl >/dev/null || missing+=(openssl)     # certificates for the TLS tests
   ((${#missing[@]})) || return 0
   say "installing Debian packages: ${missing[*]}"
   [[ $(id -u) -eq 0 ]] || sudo=sudo
