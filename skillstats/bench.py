@@ -186,7 +186,7 @@ def _measure_docsync(name: str, settings: Settings, database_url: str, group: st
     started = time.monotonic()
     process = subprocess.Popen(
         [sys.executable, "-m", "skillstats.cli", "docsync", "--json"],
-        env={**os.environ, **drained.to_env()},
+        env=drained.child_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -297,7 +297,7 @@ def _latency(settings: Settings, database_url: str, rate: int, seconds: int) -> 
     upgrade(engine)
     worker = subprocess.Popen(
         [sys.executable, "-m", "skillstats.cli", "windows", "--metrics-port", "0"],
-        env={**os.environ, **lat.to_env()},
+        env=lat.child_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -388,7 +388,7 @@ def soak(settings: Settings, database_url: str, events: int, skills: int) -> str
     total = sum(end_offsets(soaked, topic).values())
     worker = subprocess.Popen(
         [sys.executable, "-m", "skillstats.cli", "windows", "--metrics-port", "0"],
-        env={**os.environ, **soaked.to_env()},
+        env=soaked.child_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -481,7 +481,7 @@ def run(
             _measure(
                 f"c. skillstats windows ({label})",
                 [python, "-m", "skillstats.cli", "windows", "--metrics-port", "0"],
-                {**env, **windows.to_env()},
+                windows.child_env(env),
                 events,
                 _caught_up_sql(sink, ends),
                 _any_sql_progress(sink),

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote_plus
 
 # librdkafka's own log lines (connection failures by the hundred while a broker is
 # away) go through Python logging under this name; the CLI shows them only with -v.
@@ -50,6 +51,16 @@ def _env_or_file(env: dict[str, str], name: str) -> str | None:
     return text[:-1] if text.endswith("\n") else text
 
 
+def _database_url(env: dict[str, str], default: str) -> str:
+    url = _env_or_file(env, "SKILLSTATS_DATABASE_URL")
+    if url is None:
+        return default
+    if not url.strip():
+        # Not the default: an empty mounted Secret must not quietly become a local SQLite file.
+        raise SettingsError("SKILLSTATS_DATABASE_URL (or the file SKILLSTATS_DATABASE_URL_FILE names) is empty")
+    return url
+
+
 @dataclass(frozen=True)
 class Settings:
     kafka_bootstrap: str = "127.0.0.1:9092"
@@ -71,7 +82,7 @@ class Settings:
         }
         return cls(
             kafka_bootstrap=env.get("SKILLSTATS_KAFKA_BOOTSTRAP", defaults.kafka_bootstrap),
-            database_url=_env_or_file(env, "SKILLSTATS_DATABASE_URL") or defaults.database_url,
+            database_url=_database_url(env, defaults.database_url),
             topic=env.get("SKILLSTATS_TOPIC", defaults.topic),
             dlq_topic=env.get("SKILLSTATS_DLQ_TOPIC", defaults.dlq_topic),
             windows_group=env.get("SKILLSTATS_WINDOWS_GROUP", defaults.windows_group),
@@ -91,6 +102,16 @@ class Settings:
             **{"SKILLSTATS_KAFKA_" + k.replace(".", "_").upper(): v for k, v in self.kafka_security.items()},
         }
 
+    def child_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """`base` (this process's environment) with these settings, for a `skillstats` subprocess.
+
+        A `..._FILE` variable of `base` whose value these settings now carry is left
+        out: the child would otherwise see both forms and refuse to start.
+        """
+        ours = self.to_env()
+        base = dict(os.environ if base is None else base)
+        return {**{k: v for k, v in base.items() if not (k.endswith("_FILE") and k[:-5] in ours)}, **ours}
+
     def __repr__(self) -> str:
         """Secrets masked: a Settings may end up in a log line or a traceback."""
         shown = []
@@ -108,8 +129,7 @@ class Settings:
     def secrets(self) -> list[str]:
         """Every secret in these settings, to be masked wherever text reaches a user."""
         found = [v for k, v in self.kafka_security.items() if _is_secret(k) and v]
-        password = _url_password(self.database_url)
-        return [*found, *([password] if password else [])]
+        return [*found, *_url_secrets(self.database_url)]
 
     def override(self, **changes: Any) -> Settings:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -120,25 +140,45 @@ class Settings:
 
 
 def redact_url(url: str) -> str:
-    """A database URL with its password replaced by ***.
+    """A database URL with its password replaced by ***, in the user info and in the query.
 
     Everything between the user name's colon and the LAST "@" is masked, so a
-    password written with a raw "@", ":" or "/" (not percent-encoded) is masked whole.
+    password written with a raw "@", ":" or "/" (not percent-encoded) is masked whole;
+    so are `password=` and `sslpassword=` query parameters, which libpq also takes.
     """
     scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
+    if not sep:
         return url
-    userinfo, _at, host = rest.rpartition("@")
-    user, colon, _password = userinfo.partition(":")
-    return f"{scheme}://{user}{':***' if colon else ''}@{host}"
+    rest, question, query = rest.partition("?")
+    if question:
+        query = "&".join(
+            f"{name}=***" if name.lower() in _URL_SECRET_PARAMS else f"{name}{eq}{value}"
+            for name, eq, value in (pair.partition("=") for pair in query.split("&"))
+        )
+    if "@" in rest:
+        userinfo, _at, host = rest.rpartition("@")
+        user, colon, _password = userinfo.partition(":")
+        rest = f"{user}{':***' if colon else ''}@{host}"
+    return f"{scheme}://{rest}{question}{query}"
 
 
-def _url_password(url: str) -> str | None:
+_URL_SECRET_PARAMS = ("password", "sslpassword")
+
+
+def _url_secrets(url: str) -> list[str]:
+    """The database URL's passwords, as written and percent-decoded (either may reach a message)."""
     _scheme, sep, rest = url.partition("://")
+    if not sep:
+        return []
+    rest, _question, query = rest.partition("?")
+    found = []
     userinfo, at, _host = rest.rpartition("@")
-    if not sep or not at or ":" not in userinfo:
-        return None
-    return userinfo.partition(":")[2] or None
+    if at and ":" in userinfo:
+        found.append(userinfo.partition(":")[2])
+    for name, _eq, value in (pair.partition("=") for pair in query.split("&") if query):
+        if name.lower() in _URL_SECRET_PARAMS:
+            found.append(value)
+    return [form for secret in found if secret for form in dict.fromkeys((secret, unquote_plus(secret)))]
 
 
 def mask(text: str, secrets: list[str]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -27,6 +28,9 @@ _MOVING = frozenset(
         KafkaError.COORDINATOR_NOT_AVAILABLE,
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
+        # A leader just elected answers offset requests with this until its high
+        # watermark has caught up (KIP-207): seen right after a broker crash.
+        KafkaError.OFFSET_NOT_AVAILABLE,
     }
 )
 
@@ -136,15 +140,28 @@ def list_topic_names(settings: Settings, timeout: float = 10.0) -> dict[str, Any
     """
     refusals = RefusalWatch()
     admin = AdminClient(settings.kafka_config(error_cb=refusals))
+    return cluster_metadata(admin, refusals, settings, timeout).topics
+
+
+def cluster_metadata(
+    admin: AdminClient, refusals: RefusalWatch, settings: Settings, timeout: float, topic: str | None = None
+) -> Any:
+    """`admin.list_topics` within `timeout`, stopping at the first refusal `refusals` (its error_cb) saw.
+
+    Short waits first, so a refusal ends it within a second; then longer ones, so a
+    cluster slow to answer still gets the whole `timeout` for one reply.
+    """
     deadline = time.monotonic() + timeout
+    wait = 0.5
     while True:
         try:
-            return admin.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic()))).topics
+            return admin.list_topics(topic, timeout=max(0.1, min(wait, deadline - time.monotonic())))
         except KafkaException as exc:
             admin.poll(0)  # serves error_cb
             refusals.raise_if_refused(settings)
             if time.monotonic() >= deadline:
                 raise KafkaUnreachable(settings, timeout, exc) from None
+            wait *= 2
 
 
 class KafkaRefused(KafkaUnreachable):
@@ -181,12 +198,23 @@ class RefusalWatch:
 
 
 def refused(error: KafkaError) -> bool:
-    """Whether `error` is a broker refusing our identity (SASL) or a TLS failure, not a broker that is away."""
+    """Whether `error` is a broker refusing our identity (SASL) or a TLS failure, not a broker that is away.
+
+    librdkafka also reports a SASL or TLS handshake that a broker going away cut
+    short as an authentication or SSL error ("... handshake failed: Local: Broker
+    transport failure"); those say so, and are not refusals.
+    """
+    text = error.str()
+    if any(transient in text for transient in _CUT_SHORT):
+        return False
     code = error.code()
     if code in (KafkaError._AUTHENTICATION, KafkaError._SSL, KafkaError.SASL_AUTHENTICATION_FAILED):
         return True
     # A TLS alert from the broker (say, no client certificate) arrives as a failed receive.
-    return code == KafkaError._TRANSPORT and ("SSL routines" in error.str() or "certificate" in error.str())
+    return code == KafkaError._TRANSPORT and ("SSL routines" in text or "certificate" in text)
+
+
+_CUT_SHORT = ("transport failure", "Timed out", "timed out", "Disconnected", "Connection refused", "Connection reset")
 
 
 def partition_count(settings: Settings, topic: str, timeout: float = 10.0) -> int:
@@ -221,7 +249,7 @@ def watermarks(settings: Settings, topic: str, timeout: float = 10.0) -> dict[in
 # request times out, and the next one, to the new leader, answers. Hence a few attempts,
 # each bounded by the caller's timeout; an unreachable cluster fails before this, in
 # partition_count.
-_WATERMARK_ATTEMPTS = 3
+_WATERMARK_ATTEMPTS = 4
 # What librdkafka itself reports meanwhile: the request timed out, or its connection to
 # the dead broker went away under it.
 _BROKER_GONE = frozenset({KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._DESTROY_BROKER})
@@ -242,6 +270,9 @@ def _watermark(consumer: Consumer, partition: TopicPartition, timeout: float) ->
                 raise
             log.warning("offsets of %s [%d]: %s; asking again", partition.topic, partition.partition, error)
             attempt += 1
+            # Fresh metadata, so the next request goes to the new leader rather than the dead one.
+            with contextlib.suppress(KafkaException):
+                consumer.list_topics(partition.topic, timeout=timeout)
 
 
 def commit_offsets(settings: Settings, group: str, topic: str, offsets: dict[int, int], timeout: float = 10.0) -> None:

@@ -54,7 +54,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
 from skillstats.config import Settings
-from skillstats.kafka import KafkaUnreachable, RefusalWatch, while_moving
+from skillstats.kafka import RefusalWatch, cluster_metadata, while_moving
 from skillstats.sinks.fences import PartitionFences
 from skillstats.sinks.schema import docsync_runs
 
@@ -167,17 +167,7 @@ class LagProbe:
         return LagSnapshot(now, topic, dlq, measured)
 
     def topic_offsets(self, name: str, *, retention: bool = True) -> TopicOffsets:
-        deadline = time.monotonic() + self.timeout
-        while True:  # in slices, to stop at a refusal (kafka.RefusalWatch) rather than at the timeout
-            try:
-                slice_s = max(0.1, min(1.0, deadline - time.monotonic()))
-                metadata = self.admin.list_topics(name, timeout=slice_s).topics.get(name)
-                break
-            except KafkaException as exc:
-                self.admin.poll(0)  # serves error_cb
-                self.refusals.raise_if_refused(self.settings)
-                if time.monotonic() >= deadline:
-                    raise KafkaUnreachable(self.settings, self.timeout, exc) from None
+        metadata = cluster_metadata(self.admin, self.refusals, self.settings, self.timeout, name).topics.get(name)
         if metadata is None or metadata.error is not None:
             raise LookupError(f"topic {name!r} does not exist on {self.settings.kafka_bootstrap}")
         partitions = sorted(metadata.partitions)

@@ -147,7 +147,7 @@ def check_retention_days(days: int) -> int:
     return days
 
 
-def _group_bound(committed: int | None, fence: int | None) -> tuple[int, str] | None:
+def _group_bound(committed: int | None, fence: int | None, keeps_fences: bool) -> tuple[int, str] | None:
     """The offset below which one group is done with a partition, and what set it; None: not ready.
 
     The committed offset is the cursor (the spec prunes by it), but the windows and
@@ -159,10 +159,13 @@ def _group_bound(committed: int | None, fence: int | None) -> tuple[int, str] | 
     bound. Only a database restored from a backup, or fences reset by an operator,
     leaves a fence below the commit; the consumers will then read again from the
     fence, so the records between must stay. Hence the commit, never above the
-    fence where one exists. A group with no fence row (not a skillstats group, or
-    a partition it never applied) is bound by its commit alone.
+    fence where one exists. A group that keeps no fences (not a skillstats group)
+    is bound by its commit alone; a skillstats group with a commit but no fence
+    row (a database restored from before its first batch there, or a new database
+    pointed at the old groups) reads that partition again from the log start, so
+    the partition is not ready (None).
     """
-    if committed is None:
+    if committed is None or (keeps_fences and not fence):
         return None
     if fence is not None and fence < committed:
         return fence, "SQL fence"
@@ -195,6 +198,7 @@ def plan(
     marks = watermarks(settings, settings.topic, timeout)
     by_time = retention_offsets(settings, sorted(marks), cutoff_ms, timeout)
     result = PrunePlan(settings.topic, retention_days, cutoff_ms, required)
+    own_groups = {settings.windows_group, settings.docsync_group}  # the groups that keep SQL fences
     for partition, (low, high) in sorted(marks.items()):
         # The offset found may be past the watermark read a moment before, if records arrived since.
         retention = min(high if by_time[partition] < 0 else by_time[partition], high)
@@ -207,9 +211,14 @@ def plan(
         problem = None
         for group in required:
             committed, fence = commits[group].get(partition), fences[group].get(partition)
-            bound = _group_bound(committed, fence)
+            bound = _group_bound(committed, fence, keeps_fences=group in own_groups)
             if bound is None:
-                problem = problem or f"not ready: group {group} has no committed offset"
+                problem = problem or (
+                    f"not ready: group {group} has no committed offset"
+                    if committed is None
+                    else f"not ready: group {group} has a committed offset but no SQL fence (a restored or new "
+                    "database): it would read this partition again from the log start"
+                )
                 continue
             ahead = [(what, o) for what, o in (("committed offset", committed), ("SQL fence", fence)) if o and o > high]
             if ahead:

@@ -61,6 +61,7 @@ class Publisher:
         self._pending -= 1
         if err is None:
             self.delivered += 1
+            self._refusals.reason = None  # a broker took a record: whatever was refused, this was not
         elif len(self._errors) < 20:
             self._errors.append(str(err))
         else:
@@ -70,6 +71,7 @@ class Publisher:
         self, key: bytes | None, value: bytes | None, headers: Headers | None = None, topic: str | None = None
     ) -> None:
         """Send one record as given (no validation): for replays and for tests of bad input."""
+        deadline = None
         while True:
             try:
                 self._producer.produce(
@@ -81,8 +83,12 @@ class Publisher:
                 )
                 break
             except BufferError:
-                # librdkafka's local queue is full: serve delivery reports until it drains.
+                # librdkafka's local queue is full: serve delivery reports until it drains,
+                # for as long as a flush would wait (a broker away, credentials revoked).
+                deadline = deadline or time.monotonic() + self.flush_timeout
                 self._producer.poll(0.05)
+                if time.monotonic() >= deadline:
+                    self._raise_unconfirmed(len(self._producer), self.flush_timeout)
         self._pending += 1
         self._producer.poll(0)
 
@@ -102,20 +108,22 @@ class Publisher:
         budget = self.flush_timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
         while remaining := self._producer.flush(max(0.0, min(1.0, deadline - time.monotonic()))):
-            if self._refusals.reason is not None:
-                raise PublishError(
-                    f"{remaining} record(s) not sent: {KafkaRefused(self._settings, self._refusals.reason)}", remaining
-                )
-            if time.monotonic() >= deadline:
-                raise PublishError(
-                    f"{remaining} record(s) not confirmed by the broker within {budget:g}s; "
-                    f"is Kafka reachable at {self._settings.kafka_bootstrap}?",
-                    remaining,
-                )
+            if self._refusals.reason is not None or time.monotonic() >= deadline:
+                self._raise_unconfirmed(remaining, budget)
         if self._errors:
             errors, self._errors = self._errors, []
             raise PublishError(f"broker rejected record(s): {'; '.join(errors)}", len(errors))
         return self.delivered
+
+    def _raise_unconfirmed(self, remaining: int, budget: float) -> None:
+        # The records stay queued in librdkafka and may yet be delivered by a later flush
+        # (the same publisher, the broker back): "not confirmed", never "not sent".
+        if self._refusals.reason is not None:
+            cause = f"not confirmed: {KafkaRefused(self._settings, self._refusals.reason)}"
+        else:
+            where = self._settings.kafka_bootstrap
+            cause = f"not confirmed by the broker within {budget:g}s; is Kafka reachable at {where}?"
+        raise PublishError(f"{remaining} record(s) {cause}", remaining)
 
     def __enter__(self) -> Publisher:
         return self

@@ -113,7 +113,7 @@ def settings(kafka_bootstrap: str, database_url: str) -> Settings:
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that points a `skillstats` subprocess at these settings."""
     # No metrics port unless a test asks for one (--metrics-port): workers of one test share a host.
-    return {**os.environ, "SKILLSTATS_METRICS_PORT": "0", "SKILLSTATS_METRICS_HOST": "127.0.0.1", **settings.to_env()}
+    return settings.child_env({**os.environ, "SKILLSTATS_METRICS_PORT": "0", "SKILLSTATS_METRICS_HOST": "127.0.0.1"})
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import ClassVar, TypeVar
@@ -200,11 +201,18 @@ def actual_windows(settings: Settings) -> tuple[Counts, Counts]:
         engine.dispose()
 
 
-def read_topic(settings: Settings, topic: str) -> list[tuple[bytes | None, bytes | None, dict[str, bytes]]]:
-    """Every record of `topic` from the beginning to its current end: (key, value, headers)."""
-    consumer = Consumer(
-        {"bootstrap.servers": settings.kafka_bootstrap, "group.id": "tests-reader", "enable.auto.commit": False}
-    )
+@dataclass(frozen=True)
+class TopicRecord:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes]
+
+
+def read_records(settings: Settings, topic: str) -> list[TopicRecord]:
+    """Every record of `topic` from the beginning to its current end, with where it is."""
+    consumer = Consumer(settings.kafka_config(**{"group.id": "tests-reader", "enable.auto.commit": False}))
     try:
         metadata = consumer.list_topics(topic, timeout=10).topics[topic]
         wanted: dict[int, int] = {}
@@ -220,13 +228,21 @@ def read_topic(settings: Settings, topic: str) -> list[tuple[bytes | None, bytes
             for message in consumer.consume(1000, timeout=1.0):
                 if message.error():
                     continue
-                records.append((message.key(), message.value(), dict(message.headers() or [])))
+                headers = dict(message.headers() or [])
+                records.append(
+                    TopicRecord(message.partition(), message.offset(), message.key(), message.value(), headers)
+                )
                 if message.offset() + 1 >= remaining.get(message.partition(), 0):
                     remaining.pop(message.partition(), None)
         assert not remaining, f"could not read {topic} to its end: {remaining}"
         return records
     finally:
         consumer.close()
+
+
+def read_topic(settings: Settings, topic: str) -> list[tuple[bytes | None, bytes | None, dict[str, bytes]]]:
+    """Every record of `topic` from the beginning to its current end: (key, value, headers)."""
+    return [(r.key, r.value, r.headers) for r in read_records(settings, topic)]
 
 
 def murmur2_partition(key: bytes, partitions: int) -> int:

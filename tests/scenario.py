@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from confluent_kafka.admin import AdminClient
 
 from skillstats.config import Settings
+from skillstats.dlq import H_OFFSET, H_PARTITION, H_REASON
 from skillstats.kafka import end_offsets, while_moving
 from skillstats.publisher import Publisher
 from skillstats.workload import Record, generate
@@ -36,7 +37,7 @@ from tests.helpers import (
     expected_windows,
     fences,
     local_service,
-    read_topic,
+    read_records,
     run_docsync,
     wait_until,
 )
@@ -129,6 +130,11 @@ class SteadyPublisher:
         except Exception as exc:  # PublishError above all; reported by stop()
             self.error = exc
 
+    def confirmed_since(self, count: int) -> int:
+        """Events confirmed since `count` were; fails the scenario if the publisher failed."""
+        assert self.error is None, f"the publisher failed under the fault: {self.error!r}"
+        return len(self.sent) - count
+
     def stop(self) -> list[Record]:
         """Stop publishing; every event the broker confirmed, in order. Fails if any publish failed."""
         self.__exit__()
@@ -153,9 +159,25 @@ def applied_past(settings: Settings, group: str, ends: dict[int, int]) -> bool:
 
 
 def seconds_to_recover(
-    settings: Settings, group: str, since: float, worker: WorkerProcess | None = None, timeout: float = 240
+    settings: Settings,
+    group: str,
+    since: float,
+    worker: WorkerProcess | None = None,
+    publisher: SteadyPublisher | None = None,
+    timeout: float = 240,
 ) -> float:
-    """Wait until `group` has applied what the topic held at this call; seconds since `since` (monotonic)."""
+    """Seconds from `since` (monotonic) until `group` has applied events published after the fault.
+
+    With `publisher`, first waits until it has had a second's worth of events
+    confirmed since this call (publishing resumed: new leaders serve it), then
+    takes the topic's ends: the group must apply those, so a restarted worker or a
+    group whose leaders moved has to make real progress, not merely be where it was.
+    """
+    if publisher is not None:
+        published = len(publisher.sent)
+        wait_until(
+            lambda: publisher.confirmed_since(published) >= publisher.rate, timeout, "events published after the fault"
+        )
     ends = end_offsets(settings, settings.topic)
 
     def recovered() -> bool:
@@ -163,7 +185,7 @@ def seconds_to_recover(
             worker.assert_alive()
         return applied_past(settings, group, ends)
 
-    wait_until(recovered, timeout, f"{group} to apply the events published before the fault")
+    wait_until(recovered, timeout, f"{group} to apply the events published after the fault")
     return time.monotonic() - since
 
 
@@ -184,10 +206,15 @@ def differences(settings: Settings, sent: list[Record], rows: dict[str, str | No
     got_skills, got_owners = actual_docstats(settings)
     found["skills"] = _mismatched(want_skills, got_skills)
     found["user_skill_stats"] = _mismatched(want_owners, got_owners)
-    parked = Counter((key, value) for key, value, _headers in read_topic(settings, settings.dlq_topic))
-    invalid = Counter((r.key, r.value) for r in sent if not r.valid)
-    found["dlq"] = sum(((parked - invalid) + (invalid - parked)).values())
-    published = Counter((key, value) for key, value, _headers in read_topic(settings, settings.topic))
+    # The DLQ by position: each invalid record's partition and offset parked exactly once,
+    # with a reason (identical bytes at two offsets are two records, each to be parked).
+    events = read_records(settings, settings.topic)
+    invalid = {(r.key, r.value) for r in sent if not r.valid}
+    should_park = Counter((r.partition, r.offset) for r in events if (r.key, r.value) in invalid)
+    parcels = read_records(settings, settings.dlq_topic)
+    parked = Counter((int(p.headers[H_PARTITION]), int(p.headers[H_OFFSET])) for p in parcels if H_REASON in p.headers)
+    found["dlq"] = sum(((parked - should_park) + (should_park - parked)).values()) + len(parcels) - parked.total()
+    published = Counter((r.key, r.value) for r in events)
     reported = Counter((r.key, r.value) for r in sent)
     found["topic"] = sum(((published - reported) + (reported - published)).values())
     return found

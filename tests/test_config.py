@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from skillstats.config import Settings, SettingsError
+from skillstats.config import Settings, SettingsError, redact_url
 
 
 def test_defaults_are_the_spec_defaults() -> None:
@@ -153,3 +153,15 @@ def test_a_secret_file_that_cannot_be_used_is_a_clear_error(env: dict[str, str],
         [sys.executable, "-m", "skillstats.cli", "status"], env={**os.environ, **env}, capture_output=True, text=True
     )
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_database_passwords_are_masked_wherever_the_url_holds_them() -> None:
+    url = "postgresql+psycopg://app:p%40ss@db/sk?sslmode=require&password=hunter22&sslpassword=k%2Fey"
+    assert redact_url(url) == "postgresql+psycopg://app:***@db/sk?sslmode=require&password=***&sslpassword=***"
+    # As written and percent-decoded: a driver's message may show either.
+    assert set(Settings(database_url=url).secrets()) == {"p%40ss", "p@ss", "hunter22", "k%2Fey", "k/ey"}
+
+
+def test_an_empty_database_url_is_an_error_not_a_local_sqlite_file() -> None:
+    with pytest.raises(SettingsError, match="is empty"):
+        Settings.from_env({"SKILLSTATS_DATABASE_URL": ""})

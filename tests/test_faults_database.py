@@ -55,7 +55,7 @@ def test_windows_rides_out_a_database_outage(
             postgres("start")
         restarted = time.monotonic()
         wait_until(lambda: worker.assert_alive() or get(url + "/readyz")[0] == 200, 120, "the worker to recover")
-        report.recoveries.append(seconds_to_recover(settings, settings.windows_group, restarted, worker))
+        report.recoveries.append(seconds_to_recover(settings, settings.windows_group, restarted, worker, publisher))
         sent = publisher.stop()
     wait_until(caught_up(settings, settings.windows_group, worker), 120, "the worker to apply the rest")
     assert worker.terminate() == 0

@@ -236,6 +236,18 @@ def test_no_secret_in_anything_a_whole_run_prints(secure: SecureKafka, database_
     for command in ("windows", "docsync", "status", "publish", "prune", "dlq", "lag-exporter", "init", "top"):
         run(f"{command} --help", env, command, "--help")
 
+    # The other ways in, each with its own secret: mutual TLS with an encrypted key, PLAIN, the
+    # passwords handed over in files, and a database password given as a query parameter.
+    for mode in ("ssl-client-certificate", "sasl_plaintext-plain"):
+        other = secured(secure, mode, database_url, "leak")
+        assert run(f"status over {mode}", settings_env(other), "status").returncode == 0, printed[-1][1][-2000:]
+        assert run(f"docsync over {mode}", with_secret_files(other, tmp_path), "docsync").returncode == 0
+    in_query = settings_env(settings)
+    in_query["SKILLSTATS_DATABASE_URL"] = (
+        database_url.replace(f":{DATABASE_PASSWORD}@", "@") + f"?password={DATABASE_PASSWORD}"
+    )
+    assert run("status, password in the URL's query", in_query, "status").returncode == 0, printed[-1][1][-2000:]
+
     # Failing runs, verbose (tracebacks at debug level): a wrong Kafka password, a database that is away.
     wrong = {**env, "SKILLSTATS_KAFKA_SASL_PASSWORD": WRONG_PASSWORD}
     for args in (

@@ -52,8 +52,11 @@ def lows(settings: Settings) -> dict[int, int]:
 LOG = {0: (10, 5), 1: (10, 5), 2: (10, 0), 3: (10, 0), 4: (10, 0), 5: (10, 0)}
 WINDOWS_COMMITS = {0: 12, 1: 15, 2: 10, 3: 10, 4: 8, 5: 3, 6: 100}
 DOCSYNC_COMMITS = {0: 12, 1: 4, 3: 10, 4: 10, 5: 10, 6: 100}  # none on 2; 1 lags behind the time cutoff
-WINDOWS_FENCES = {4: 6, 5: 9}  # 4: a fence below the commit (database restored); 5: ahead of it (a late commit)
-EXPECTED_CUTOFFS = {0: 10, 1: 4, 3: 10, 4: 6, 5: 3}  # every other partition is left alone
+# 4: a fence below the commit (database restored); 5: ahead of it (a late commit); the rest as committed
+WINDOWS_FENCES = {**WINDOWS_COMMITS, 4: 6, 5: 9}
+# none on 3: a commit but no fence row (a database restored from before docsync's first drain there)
+DOCSYNC_FENCES = {p: n for p, n in DOCSYNC_COMMITS.items() if p != 3}
+EXPECTED_CUTOFFS = {0: 10, 1: 4, 4: 6, 5: 3}  # every other partition is left alone
 
 
 def prepare(settings: Settings) -> None:
@@ -66,8 +69,9 @@ def prepare(settings: Settings) -> None:
     commit_offsets(settings, settings.docsync_group, settings.topic, DOCSYNC_COMMITS)
     engine = open_engine(settings.database_url)
     try:
-        marks = {p: (0, 0) for p in WINDOWS_FENCES}
-        PartitionFences(engine, settings.windows_group, settings.topic).reset(WINDOWS_FENCES, marks, now_utc_naive())
+        for group, fences in ((settings.windows_group, WINDOWS_FENCES), (settings.docsync_group, DOCSYNC_FENCES)):
+            marks = {p: (0, 0) for p in fences}
+            PartitionFences(engine, group, settings.topic).reset(fences, marks, now_utc_naive())
     finally:
         engine.dispose()
 
@@ -92,18 +96,18 @@ def test_prune_never_deletes_what_a_required_group_has_not_committed_past(settin
     assert report["records"] == sum(EXPECTED_CUTOFFS.values())
     assert by_partition[0]["limited_by"] == "retention" and by_partition[0]["retention_offset"] == 10
     assert by_partition[1]["limited_by"] == settings.docsync_group  # lags behind the time cutoff
-    assert by_partition[3]["limited_by"] == "retention" and by_partition[3]["retention_offset"] == 10
+    assert "no SQL fence" in by_partition[3]["reason"] and settings.docsync_group in by_partition[3]["reason"]
     assert by_partition[4]["limited_by"] == settings.windows_group and "SQL fence" in by_partition[4]["reason"]
     assert by_partition[5]["limited_by"] == settings.windows_group and "committed" in by_partition[5]["reason"]
     assert "not ready" in by_partition[2]["reason"] and settings.docsync_group in by_partition[2]["reason"]
     assert "past the log end" in by_partition[6]["reason"]
     assert all("not ready" in by_partition[p]["reason"] for p in range(7, 12))
-    assert report["not_ready"] == [2, *range(6, 12)]
+    assert report["not_ready"] == [2, 3, *range(6, 12)]
     assert lows(settings) == before
 
     text = cli(settings, "prune", "--retention-days", "2")
     assert text.returncode == 0, text.stderr
-    assert "dry run: 33 record(s) in 5 partition(s) would be deleted" in text.stdout, text.stdout
+    assert "dry run: 23 record(s) in 4 partition(s) would be deleted" in text.stdout, text.stdout
     assert f"--apply --confirm {CONFIRM_TOKEN}" in text.stdout
     line = next(ln for ln in text.stdout.splitlines() if ln.split()[:1] == ["1"])
     assert line.split()[:4] == ["1", "0", "4", "4"] and f"group {settings.docsync_group}" in line, line

@@ -9,6 +9,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from skillstats.config import Settings
 from skillstats.dlq import H_OFFSET, H_PARTITION
 from skillstats.workload import generate
@@ -28,6 +30,7 @@ EVENTS = 40_000
 KILLS = 3
 
 
+@pytest.mark.faults  # with the fault suite's five kills under load (test_faults_cluster.py)
 def test_kill_9_mid_stream_then_restart(settings: Settings, tmp_path: Path) -> None:
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)

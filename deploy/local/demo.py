@@ -50,7 +50,7 @@ def main() -> int:
     upgrade(engine)
 
     log_path = state / "demo-worker.log"
-    env = {**os.environ, **settings.to_env()}
+    env = settings.child_env()
     with log_path.open("wb") as log:
         worker = subprocess.Popen(
             [sys.executable, "-m", "skillstats.cli", "windows", "--log-level", "info", "--metrics-port", "0"],
