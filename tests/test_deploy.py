@@ -297,8 +297,9 @@ def cli_environment() -> set[str]:
     names = set()
     for path in [*(ROOT / "skillstats").glob("*.py"), *(ROOT / "streams").glob("*.py")]:
         names |= set(re.findall(r'"(SKILLSTATS_[A-Z0-9_]+)"', path.read_text()))
-    names |= {"SKILLSTATS_KAFKA_" + key.replace(".", "_").upper() for key in _KAFKA_SECURITY_KEYS}
-    return names
+    security = {"SKILLSTATS_KAFKA_" + key.replace(".", "_").upper() for key in _KAFKA_SECURITY_KEYS}
+    # These may come from files instead (config._env_or_file): SKILLSTATS_..._FILE.
+    return names | security | {name + "_FILE" for name in (*security, "SKILLSTATS_DATABASE_URL")}
 
 
 def usage_problems(where: str, argv: list[str]) -> list[str]:
