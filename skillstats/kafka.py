@@ -246,17 +246,18 @@ def watermarks(settings: Settings, topic: str, timeout: float = 10.0) -> dict[in
 
 # A partition whose leader has just crashed answers nothing until the controller fences
 # that broker (broker.session.timeout.ms, 9 s by default) and names a new leader: the
-# request times out, and the next one, to the new leader, answers. Hence a few attempts,
-# each bounded by the caller's timeout; an unreachable cluster fails before this, in
-# partition_count.
-_WATERMARK_ATTEMPTS = 4
+# request times out. The new leader then answers OFFSET_NOT_AVAILABLE, at once, until
+# its high watermark has caught up (KIP-207), which can take seconds on a busy cluster.
+# Hence asking again, with fresh metadata and a pause, for up to this many times the
+# caller's timeout; an unreachable cluster fails before this, in partition_count.
+_WATERMARK_PATIENCE = 3
 # What librdkafka itself reports meanwhile: the request timed out, or its connection to
 # the dead broker went away under it.
 _BROKER_GONE = frozenset({KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._DESTROY_BROKER})
 
 
 def _watermark(consumer: Consumer, partition: TopicPartition, timeout: float) -> tuple[int, int]:
-    attempt = 1
+    deadline = time.monotonic() + _WATERMARK_PATIENCE * timeout
     while True:
         try:
             low, high = consumer.get_watermark_offsets(partition, timeout=timeout)
@@ -266,10 +267,10 @@ def _watermark(consumer: Consumer, partition: TopicPartition, timeout: float) ->
             again = isinstance(error, KafkaError) and (
                 error.retriable() or error.code() in _MOVING or error.code() in _BROKER_GONE
             )
-            if not again or attempt == _WATERMARK_ATTEMPTS:
+            if not again or time.monotonic() >= deadline:
                 raise
             log.warning("offsets of %s [%d]: %s; asking again", partition.topic, partition.partition, error)
-            attempt += 1
+            time.sleep(0.5)
             # Fresh metadata, so the next request goes to the new leader rather than the dead one.
             with contextlib.suppress(KafkaException):
                 consumer.list_topics(partition.topic, timeout=timeout)

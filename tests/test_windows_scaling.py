@@ -27,12 +27,13 @@ from skillstats.sinks.db import open_engine
 from skillstats.sinks.schema import skill_daily_stats, skill_hourly_stats, skills, user_skill_stats
 from skillstats.workload import generate
 from tests.helpers import WorkerProcess, caught_up, publish, registry, seed_registry, wait_until
-from tests.scenario import ScenarioReport, applied
+from tests.scenario import ScenarioReport, SteadyPublisher, applied
 
 pytestmark = pytest.mark.faults  # consumers scaled under load: the fault suite
 
 ROUNDS = int(os.environ.get("SKILLSTATS_TEST_SCALE_ROUNDS", "3"))
-EVENTS = 60_000
+EVENTS = 60_000  # the backlog, published before the first worker starts
+LIVE_RATE = 500  # events/s published meanwhile, while the group changes
 # Small fetches and transactions: the backlog drains slowly enough that every
 # membership change lands while batches are fetched, pending and in flight.
 SLOW = ("--fetch-size", "20", "--batch-size", "60", "--log-level", "debug")
@@ -69,29 +70,32 @@ def test_scale_1_3_1_while_a_backlog_drains(settings: Settings, tmp_path: Path) 
         records = list(generate(EVENTS, now_ms=int(time.time() * 1000), skills=2000, seed=round_, invalid_ratio=0.002))
         assert publish(mine, records) == EVENTS
 
-        first = WorkerProcess(mine, tmp_path / f"{round_}-a.log", *SLOW)
-        wait_until(lambda m=mine, w=first: applied(m) > 0 and w.assert_alive() is None, 120, "the first worker")
-        at_change = []
-        second = WorkerProcess(mine, tmp_path / f"{round_}-b.log", *SLOW)
-        wait_until(lambda m=mine: members(m) == 2, 120, "the second worker to join")
-        at_change.append(applied(mine))
-        third = WorkerProcess(mine, tmp_path / f"{round_}-c.log", *SLOW)
-        wait_until(lambda m=mine: members(m) == 3, 120, "the third worker to join")
-        at_change.append(applied(mine))
-        assert second.terminate() == 0, second.log_tail()
-        at_change.append(applied(mine))
-        assert third.terminate() == 0, third.log_tail()
-        at_change.append(applied(mine))
-        assert at_change[-1] < EVENTS, f"round {round_}: the backlog was drained before the last rebalance"
+        # Events keep arriving while the group changes, on top of the backlog.
+        with SteadyPublisher(mine, LIVE_RATE, seed=1000 + round_) as publisher:
+            first = WorkerProcess(mine, tmp_path / f"{round_}-a.log", *SLOW)
+            wait_until(lambda m=mine, w=first: applied(m) > 0 and w.assert_alive() is None, 120, "the first worker")
+            at_change = []
+            second = WorkerProcess(mine, tmp_path / f"{round_}-b.log", *SLOW)
+            wait_until(lambda m=mine: members(m) == 2, 120, "the second worker to join")
+            at_change.append(applied(mine))
+            third = WorkerProcess(mine, tmp_path / f"{round_}-c.log", *SLOW)
+            wait_until(lambda m=mine: members(m) == 3, 120, "the third worker to join")
+            at_change.append(applied(mine))
+            assert second.terminate() == 0, second.log_tail()
+            at_change.append(applied(mine))
+            assert third.terminate() == 0, third.log_tail()
+            at_change.append(applied(mine))
+            assert at_change[-1] < EVENTS, f"round {round_}: the backlog was drained before the last rebalance"
 
-        # Back at one member, mid-backlog. The rest is drained at full speed by a
-        # fresh worker (one more hand-over, to keep the test short).
-        wait_until(lambda m=mine: members(m) == 1, 120, "the group to be back at one member")
-        assert first.terminate() == 0, first.log_tail()
+            # Back at one member, mid-backlog. The rest is drained at full speed by a
+            # fresh worker (one more hand-over, to keep the test short).
+            wait_until(lambda m=mine: members(m) == 1, 120, "the group to be back at one member")
+            assert first.terminate() == 0, first.log_tail()
+            live = publisher.stop()
         last = WorkerProcess(mine, tmp_path / f"{round_}-d.log")
         wait_until(caught_up(mine, mine.windows_group, last), 240, "the last worker to catch up")
         assert last.terminate() == 0, last.log_tail()
         report = ScenarioReport(f"windows scaled 1 -> 3 -> 1 (round {round_})", settings.database_url.split(":")[0])
         for change, at in zip(("2nd joined", "3rd joined", "2nd left", "3rd left"), at_change, strict=True):
-            report.fault(f"{change} at {at / EVENTS:.0%} applied")
-        report.finish(mine, records, rows)
+            report.fault(f"{change} with {at:,} records applied")
+        report.finish(mine, records + live, rows)
