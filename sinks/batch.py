@@ -70,15 +70,21 @@ class ApplyOutcome:
     # Valid events by kind (invalid records count in `applied`/`replayed` only).
     applied_kinds: dict[str, int] = field(default_factory=dict)
     replayed_kinds: dict[str, int] = field(default_factory=dict)
+    # Rows each table's upserts wrote (a row touched by two batches counts twice).
+    rows_upserted: dict[str, int] = field(default_factory=dict)
 
     def merge(self, other: ApplyOutcome) -> None:
         self.applied += other.applied
         self.replayed += other.replayed
         self.parked += other.parked
         self.retries += other.retries
-        for mine, theirs in ((self.applied_kinds, other.applied_kinds), (self.replayed_kinds, other.replayed_kinds)):
-            for kind, count in theirs.items():
-                mine[kind] = mine.get(kind, 0) + count
+        for mine, theirs in (
+            (self.applied_kinds, other.applied_kinds),
+            (self.replayed_kinds, other.replayed_kinds),
+            (self.rows_upserted, other.rows_upserted),
+        ):
+            for name, count in theirs.items():
+                mine[name] = mine.get(name, 0) + count
         for partition, next_offset in other.next_offsets.items():
             self.next_offsets[partition] = max(next_offset, self.next_offsets.get(partition, 0))
 
@@ -108,8 +114,8 @@ class FencedSink(PartitionFences, ABC):
         """Reduce events to per-row deltas (no I/O: it may run outside the transaction)."""
 
     @abstractmethod
-    def write(self, connection: Connection, folded: Any, now: datetime) -> None:
-        """Add what `fold` made to the sink's tables, inside the batch's transaction."""
+    def write(self, connection: Connection, folded: Any, now: datetime) -> dict[str, int]:
+        """Add what `fold` made to the sink's tables, inside the batch's transaction; rows written per table."""
 
     def prepare(self, records: Sequence[ConsumedRecord]) -> Prepared:
         """Fold a batch ahead of its transaction (in another thread, while the previous one commits)."""
@@ -192,7 +198,7 @@ class FencedSink(PartitionFences, ABC):
                         low - 1,
                         self.group_id,
                     )
-            self.write(connection, folded, now)
+            outcome.rows_upserted = self.write(connection, folded, now)
             self.advance(connection, locked, advanced, now, dlq_marks)
         outcome.next_offsets = {p: max(fences[p], advanced.get(p, 0)) for p in fences}
         return outcome

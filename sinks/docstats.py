@@ -68,6 +68,7 @@ class PartitionDeltas:
 class DocApplyOutcome:
     partitions: int = 0
     skills_updated: int = 0
+    owners_updated: int = 0
     unknown_skill_events: int = 0
     lost_to_another_writer: list[int] = field(default_factory=list)
 
@@ -137,6 +138,7 @@ class DocStatsSink(PartitionFences):
             self.advance(connection, locked, {part.partition: part.next_offset for part in mine}, now)
         outcome.partitions = len(mine)
         outcome.skills_updated = len(changed)
+        outcome.owners_updated = len(per_owner)
         return outcome
 
     def _owners(self, connection: Any, skill_ids: list[str]) -> dict[str, str | None]:

@@ -35,7 +35,7 @@ class WindowsSink(FencedSink):
                     counts[1] += effect.window_installs
         return hourly, daily
 
-    def write(self, connection: Connection, folded: Any, now: datetime) -> None:
+    def write(self, connection: Connection, folded: Any, now: datetime) -> dict[str, int]:
         hourly, daily = folded
         instants: dict[int, datetime] = {}
 
@@ -64,3 +64,4 @@ class WindowsSink(FencedSink):
             "updated_at",
             now,
         )
+        return {skill_hourly_stats.name: len(hourly), skill_daily_stats.name: len(daily)}

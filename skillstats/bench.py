@@ -1,11 +1,18 @@
 """`skillstats bench`: where the time goes, measured in one run on one machine.
 
-Preloads a fresh topic, then runs each consumer in a process of its own, from a
-cold start until it has caught up with the preloaded records, and reports for
-each: the wall time from process start, the steady rate from its first record
-to caught up, the ratio of that rate to the bare confluent-kafka loop (the
-ceiling on this machine) and the process's peak RSS. A second part offers a
-steady load and measures publish-to-visible-in-SQL latency.
+For each workload (`steady`: what a live registry sends; `backfill`: a week of
+history replayed), preloads a fresh topic, then runs each consumer in a process
+of its own, from a cold start until it has caught up with the preloaded
+records, and reports for each: the steady rate from its first record to caught
+up, the ratio of that rate to the bare confluent-kafka loop (the ceiling on
+this machine), the process's CPU seconds per million events (user + system,
+process start to exit, from `wait4`), the SQL rows its upserts wrote per
+second, the wall time from process start and the peak RSS. A second part
+offers a steady load and measures publish-to-visible-in-SQL latency.
+
+The workloads differ in what the same number of events costs in SQL: near-now
+events fold into a few hundred (skill, hour) rows per batch, a backfill's into
+nearly one row per event, so rows/s is reported beside events/s.
 
 The consumer roles (`bare`, `decode`, `naive-faust`) also run from here, as
 `python -m skillstats.bench ROLE ...`, so that each is measured in isolation.
@@ -15,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +49,33 @@ from skillstats.workload import generate
 PARTITIONS = 12
 
 
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    days: int  # how far back late events reach
+    late_ratio: float  # share of events anywhere in those days; the rest in the last quarter hour
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload(
+            "steady",
+            "what a live registry sends: `occurred_at` in the last quarter hour, 5% of events up to 7 days late",
+            7,
+            0.05,
+        ),
+        Workload(
+            "backfill",
+            "a replay after an outage or a new deployment: `occurred_at` anywhere in the last 7 days",
+            7,
+            1.0,
+        ),
+    )
+}
+
+
 @dataclass
 class Result:
     name: str
@@ -48,10 +84,22 @@ class Result:
     steady_seconds: float  # first record -> caught up
     peak_rss_mb: float
     note: str = ""
+    cpu_seconds: float = 0.0  # user + system, process start to exit
+    rows_upserted: int | None = None  # None: the consumer writes no SQL
 
     @property
     def rate(self) -> float:
         return self.events / self.steady_seconds if self.steady_seconds > 0 else 0.0
+
+    @property
+    def cpu_per_million(self) -> float:
+        return self.cpu_seconds * 1_000_000 / self.events if self.events else 0.0
+
+    @property
+    def rows_rate(self) -> float | None:
+        if self.rows_upserted is None or self.steady_seconds <= 0:
+            return None
+        return self.rows_upserted / self.steady_seconds
 
 
 def _log(message: str) -> None:
@@ -143,12 +191,17 @@ def _measure(
     done: Callable[[], bool] | None,
     first_progress: Callable[[], bool] | None = None,
     note: str = "",
+    rows: Callable[[], int] | None = None,
 ) -> Result:
-    """Run `argv` until it exits (done=None) or `done()` holds; time it and read its peak RSS."""
+    """Run `argv` until it exits (done=None) or `done()` holds; time it, read its CPU time and peak RSS.
+
+    `rows`, asked once `done()` holds and before the process is stopped, says how many SQL rows it wrote.
+    """
     _log(f"{name}: starting")
     started = time.monotonic()
     process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     first_at = 0.0
+    rows_upserted = None
     if done is not None:
         while not done():
             if first_progress is not None and not first_at and first_progress():
@@ -157,6 +210,7 @@ def _measure(
                 raise RuntimeError(f"{name} exited early with status {process.returncode}")
             time.sleep(0.05)
         finished = time.monotonic()
+        rows_upserted = rows() if rows is not None else None
         process.terminate()
     _pid, status, usage = os.wait4(process.pid, 0)
     output = process.stdout.read() if process.stdout else ""
@@ -169,9 +223,44 @@ def _measure(
         steady = float(fields["last"]) - float(fields["first"])
     else:
         steady = finished - (first_at or started)
-    result = Result(name, events, finished - started, steady, usage.ru_maxrss / 1024, note)
-    _log(f"{name}: {result.rate:,.0f} events/s steady, {result.wall_seconds:.1f}s wall, {result.peak_rss_mb:.0f} MiB")
+    result = Result(
+        name,
+        events,
+        finished - started,
+        steady,
+        usage.ru_maxrss / 1024,
+        note,
+        usage.ru_utime + usage.ru_stime,
+        rows_upserted,
+    )
+    _log(
+        f"{name}: {result.rate:,.0f} events/s steady, {result.cpu_per_million:.1f} CPU s per million, "
+        f"{result.wall_seconds:.1f}s wall, {result.peak_rss_mb:.0f} MiB"
+    )
     return result
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _scraped_rows(port: int) -> Callable[[], int]:
+    """Rows the worker serving metrics on `port` says its upserts wrote (skillstats_rows_upserted_total)."""
+
+    def rows() -> int:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            body = response.read().decode()
+        return int(
+            sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in body.splitlines()
+                if line.startswith("skillstats_rows_upserted_total{")
+            )
+        )
+
+    return rows
 
 
 def _measure_docsync(name: str, settings: Settings, database_url: str, group: str, events: int) -> Result:
@@ -205,9 +294,11 @@ def _measure_docsync(name: str, settings: Settings, database_url: str, group: st
         wall,
         summary["duration_seconds"],
         usage.ru_maxrss / 1024,
-        f"updates {summary['skills_updated']:,} skills rows once each",
+        f"{summary['skills_updated']:,} skills rows and {summary['owners_updated']:,} owners rows, once each",
+        usage.ru_utime + usage.ru_stime,
+        summary["skills_updated"] + summary["owners_updated"],
     )
-    _log(f"{name}: {result.rate:,.0f} events/s steady, {result.wall_seconds:.1f}s wall")
+    _log(f"{name}: {result.rate:,.0f} events/s steady, {result.cpu_per_million:.1f} CPU s per million")
     return result
 
 
@@ -420,6 +511,30 @@ def soak(settings: Settings, database_url: str, events: int, skills: int) -> str
 # ---------------------------------------------------------------- the run
 
 
+def _preload(settings: Settings, topic: str, events: int, skills: int, workload: Workload) -> float:
+    """A fresh topic holding `events` of the workload; returns the publish rate."""
+    ensure_topics(settings, {topic: PARTITIONS, f"{topic}.dlq": 1})
+    _log(f"{workload.name}: preloading {events:,} events ({skills:,} skills) into {topic}")
+    started = time.monotonic()
+    now_ms = int(time.time() * 1000)
+    with Publisher(settings, flush_timeout=300) as publisher:
+        for record in generate(
+            events, now_ms=now_ms, skills=skills, seed=42, days=workload.days, late_ratio=workload.late_ratio
+        ):
+            publisher.send_raw(record.key, record.value)
+    rate = events / (time.monotonic() - started)
+    _log(f"{workload.name}: preloaded at {rate:,.0f} events/s")
+    return rate
+
+
+@dataclass
+class WorkloadRun:
+    workload: Workload
+    topic: str
+    publish_rate: float
+    results: list[Result]
+
+
 def run(
     settings: Settings,
     *,
@@ -430,136 +545,148 @@ def run(
     latency_rate: int,
     latency_seconds: int,
     naive_events: int = 200_000,
+    workloads: list[Workload] | None = None,
 ) -> str:
     run_id = uuid.uuid4().hex[:8]
-    topic = f"bench-{run_id}"
-    bench = settings.override(topic=topic, dlq_topic=f"{topic}.dlq")
-    ensure_topics(bench, {topic: PARTITIONS, bench.dlq_topic: 1})
-    _log(f"preloading {events:,} events ({skills:,} skills) into {topic}")
-    started = time.monotonic()
-    with Publisher(bench, flush_timeout=300) as publisher:
-        for record in generate(events, now_ms=int(time.time() * 1000), skills=skills, seed=42):
-            publisher.send_raw(record.key, record.value)
-    publish_rate = events / (time.monotonic() - started)
-    _log(f"preloaded at {publish_rate:,.0f} events/s")
-    ends = end_offsets(bench, topic)
     env = dict(os.environ)
     python = sys.executable
-    results: list[Result] = []
+    runs: list[WorkloadRun] = []
 
     def group() -> str:
         return f"bench-{run_id}-{uuid.uuid4().hex[:6]}"
 
-    if "bare" not in skip:
-        results.append(
-            _measure(
-                "a. bare confluent-kafka loop",
-                [python, "-m", "skillstats.bench", "bare", bench.kafka_bootstrap, topic, group(), str(events)],
-                env,
-                events,
-                None,
-            )
-        )
-    if "decode" not in skip:
-        results.append(
-            _measure(
-                "b. loop + decode/validate",
-                [python, "-m", "skillstats.bench", "decode", bench.kafka_bootstrap, topic, group(), str(events)],
-                env,
-                events,
-                None,
-            )
-        )
-    for label, url in databases.items():
-        if "windows" in skip:
-            break
-        engine = open_engine(url)
-        upgrade(engine)
-        windows = bench.override(windows_group=group(), database_url=url)
-        sink = WindowsSink(engine, windows.windows_group, topic)
-        results.append(
-            _measure(
-                f"c. skillstats windows ({label})",
-                [python, "-m", "skillstats.cli", "windows", "--metrics-port", "0"],
-                windows.child_env(env),
-                events,
-                _caught_up_sql(sink, ends),
-                _any_sql_progress(sink),
-            )
-        )
-    if "docsync" not in skip:
+    for workload in workloads or list(WORKLOADS.values()):
+        topic = f"bench-{run_id}-{workload.name}"
+        bench = settings.override(topic=topic, dlq_topic=f"{topic}.dlq")
+        publish_rate = _preload(bench, topic, events, skills, workload)
+        ends = end_offsets(bench, topic)
+        results: list[Result] = []
+        runs.append(WorkloadRun(workload, topic, publish_rate, results))
+        for role, name in (("bare", "a. bare confluent-kafka loop"), ("decode", "b. loop + decode/validate")):
+            if role not in skip:
+                argv = [python, "-m", "skillstats.bench", role, bench.kafka_bootstrap, topic, group(), str(events)]
+                results.append(_measure(f"{name}", argv, env, events, None))
         for label, url in databases.items():
-            results.append(_measure_docsync(f"d. skillstats docsync drain ({label})", bench, url, group(), events))
+            if "windows" in skip:
+                break
+            engine = open_engine(url)
+            upgrade(engine)
+            windows = bench.override(windows_group=group(), database_url=url)
+            sink = WindowsSink(engine, windows.windows_group, topic)
+            port = _free_port()
+            results.append(
+                _measure(
+                    f"c. skillstats windows ({label})",
+                    [
+                        python,
+                        "-m",
+                        "skillstats.cli",
+                        "windows",
+                        "--metrics-host",
+                        "127.0.0.1",
+                        "--metrics-port",
+                        str(port),
+                    ],
+                    windows.child_env(env),
+                    events,
+                    _caught_up_sql(sink, ends),
+                    _any_sql_progress(sink),
+                    rows=_scraped_rows(port),
+                )
+            )
+        if "docsync" not in skip:
+            for label, url in databases.items():
+                results.append(_measure_docsync(f"d. skillstats docsync drain ({label})", bench, url, group(), events))
+    first = runs[0]
+    bench = settings.override(topic=first.topic, dlq_topic=f"{first.topic}.dlq")
     if "naive" not in skip:
         # At a few thousand events/s the textbook agent would take many minutes over the
         # whole topic; its steady rate is the same over a prefix, so it reads one.
         naive_group = group()
         naive_n = min(naive_events, events)
-        wanted = _prefix_offsets(bench, topic, naive_n)
+        wanted = _prefix_offsets(bench, first.topic, naive_n)
 
         def naive_done() -> bool:
-            committed = committed_offsets(bench, naive_group, topic)
+            committed = committed_offsets(bench, naive_group, first.topic)
             return all(committed.get(p, 0) >= n for p, n in wanted.items())
 
-        results.append(
+        first.results.append(
             _measure(
                 "e. naive faust (Table update per event)",
-                [python, "-m", "skillstats.bench", "naive-faust", bench.kafka_bootstrap, topic, naive_group],
+                [python, "-m", "skillstats.bench", "naive-faust", bench.kafka_bootstrap, first.topic, naive_group],
                 env,
                 sum(wanted.values()),
                 naive_done,
-                lambda: bool(committed_offsets(bench, naive_group, topic)),
+                lambda: bool(committed_offsets(bench, naive_group, first.topic)),
                 note=f"first {sum(wanted.values()):,} events; done = offsets committed (0.5 s)",
             )
         )
     if "perftest" not in skip:
-        perf = _kafka_perf_test(bench, topic, events)
+        perf = _kafka_perf_test(bench, first.topic, events)
         if perf:
-            results.append(perf)
+            first.results.append(perf)
     latency = None
     if latency_seconds and "latency" not in skip and databases:
         label, url = next(reversed(databases.items()))
         _log(f"latency: {latency_rate:,} events/s for {latency_seconds}s into windows ({label})")
         latency = (label, *_latency(settings, url, latency_rate, latency_seconds))
-    return report(results, events, skills, publish_rate, latency, latency_rate, latency_seconds)
+    return report(runs, events, skills, latency, latency_rate, latency_seconds)
 
 
 def report(
-    results: list[Result],
+    runs: list[WorkloadRun],
     events: int,
     skills: int,
-    publish_rate: float,
     latency: tuple[str, float, float, int] | None,
     rate: int,
     seconds: int,
 ) -> str:
-    ceiling = next((r.rate for r in results if r.name.startswith("a.")), 0.0)
-    lines = [
-        f"{events:,} events, {skills:,} skills (Zipf), {PARTITIONS} partitions; preloaded at {publish_rate:,.0f} "
-        f"events/s by the Python publisher.",
-        "",
-        "| consumer | events/s (steady) | ratio to (a) | wall, cold start to caught up | peak RSS | note |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
-    for r in results:
-        ratio = f"{r.rate / ceiling:.2f}" if ceiling else "-"
-        lines.append(
-            f"| {r.name} | {r.rate:,.0f} | {ratio} | {r.wall_seconds:.1f} s | {r.peak_rss_mb:.0f} MiB | {r.note} |"
-        )
+    lines: list[str] = []
+    for workload_run in runs:
+        results = workload_run.results
+        ceiling = next((r.rate for r in results if r.name.startswith("a.")), 0.0)
+        lines += [
+            f"### Workload `{workload_run.workload.name}`",
+            "",
+            f"{events:,} events, {skills:,} skills (Zipf), {PARTITIONS} partitions, "
+            f"{workload_run.workload.description}; preloaded at {workload_run.publish_rate:,.0f} events/s by the "
+            f"Python publisher.",
+            "",
+            "| consumer | events/s (steady) | ratio to (a) | CPU s per million events | SQL rows upserted/s "
+            "| wall, cold start to caught up | peak RSS | note |",
+            "|---|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for r in results:
+            ratio = f"{r.rate / ceiling:.2f}" if ceiling else "-"
+            rows_rate = "-" if r.rows_rate is None else f"{r.rows_rate:,.0f}"
+            cpu = f"{r.cpu_per_million:.1f}" if r.cpu_seconds else "-"
+            lines.append(
+                f"| {r.name} | {r.rate:,.0f} | {ratio} | {cpu} | {rows_rate} | {r.wall_seconds:.1f} s "
+                f"| {r.peak_rss_mb:.0f} MiB | {r.note} |"
+            )
+        lines.append("")
     if latency:
         label, p50, p99, missing = latency
         lines += [
-            "",
             f"Publish -> visible in SQL at {rate:,} events/s for {seconds} s ({label}): "
             f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms"
             + (f", {missing} probes never seen" if missing else "")
             + ".",
         ]
-    return "\n".join(lines)
+    return "\n".join(lines).rstrip("\n")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--events", type=int, default=2_000_000, help="events to preload (default 2,000,000)")
+    parser.add_argument(
+        "--events", type=int, default=2_000_000, help="events to preload, per workload (default 2,000,000)"
+    )
+    parser.add_argument(
+        "--workload",
+        default="steady,backfill",
+        help="comma-separated workloads to run: "
+        + "; ".join(f"{w.name}: {w.description}".replace("%", "%%") for w in WORKLOADS.values())
+        + " (default both; naive faust, perf-test and latency run on the first)",
+    )
     parser.add_argument("--skills", type=int, default=20_000, help="distinct skills (default 20,000)")
     parser.add_argument("--sqlite", metavar="PATH", help="SQLite file for case c (default: a temporary file)")
     parser.add_argument("--postgres", metavar="URL", help="PostgreSQL URL for case c (default: skip PostgreSQL)")
@@ -583,6 +710,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", type=Path, help="also write the markdown table to this file")
 
 
+def workload_names(text: str) -> list[str]:
+    """The workloads named in `--workload`, checked: ValueError names what is wrong."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown or not names:
+        raise ValueError(f"unknown workload {', '.join(unknown) or repr(text)}; choose from {', '.join(WORKLOADS)}")
+    return list(dict.fromkeys(names))
+
+
 def main_from_cli(args: argparse.Namespace, settings: Settings) -> int:
     import tempfile
 
@@ -591,6 +727,7 @@ def main_from_cli(args: argparse.Namespace, settings: Settings) -> int:
     databases["SQLite"] = f"sqlite:///{args.sqlite or Path(scratch) / 'bench.db'}"
     if args.postgres:
         databases["PostgreSQL"] = args.postgres
+    names = workload_names(args.workload)
     table = run(
         settings,
         events=args.events,
@@ -600,6 +737,7 @@ def main_from_cli(args: argparse.Namespace, settings: Settings) -> int:
         latency_rate=args.latency_rate,
         latency_seconds=args.latency_seconds,
         naive_events=args.naive_events,
+        workloads=[WORKLOADS[n] for n in names],
     )
     if args.soak_events:
         table += "\n\n" + soak(

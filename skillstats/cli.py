@@ -264,10 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         parents=[common],
         help="measure throughput, memory and latency of each consumer",
-        description="Preload a fresh topic and measure, in one run, each consumer from a cold start to caught up: "
-        "(a) a bare confluent-kafka loop, the ceiling; (b) the loop plus decoding; (c) skillstats windows on SQLite "
-        "and PostgreSQL; (e) a naive faust agent updating a windowed Table per event; (f) Kafka's own "
-        "kafka-consumer-perf-test. Then publish-to-SQL latency at a steady offered load. See docs/performance.md.",
+        description="For each workload (steady, backfill), preload a fresh topic and measure, in one run, each "
+        "consumer from a cold start to caught up: (a) a bare confluent-kafka loop, the ceiling; (b) the loop plus "
+        "decoding; (c) skillstats windows and (d) a docsync drain, on SQLite and PostgreSQL; (e) a naive faust agent "
+        "updating a windowed Table per event; (f) Kafka's own kafka-consumer-perf-test. Each row gives events/s, "
+        "the ratio to (a), CPU seconds per million events and SQL rows upserted/s. Then publish-to-SQL latency at a "
+        "steady offered load. See docs/performance.md.",
     )
     fences = commands.add_parser(
         "fences",
@@ -851,8 +853,12 @@ def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
-    from skillstats.bench import main_from_cli
+    from skillstats.bench import main_from_cli, workload_names
 
+    try:
+        workload_names(args.workload)
+    except ValueError as exc:
+        raise UsageError(f"--workload: {exc}") from None
     return main_from_cli(args, settings)
 
 

@@ -67,6 +67,12 @@ UNKNOWN_SKILL_EVENTS = Counter(
     "Events docsync skipped because their skill has no row in `skills`",
     ["group"],
 )
+ROWS_UPSERTED = Counter(
+    "skillstats_rows_upserted",
+    "Rows written by the counter upserts, by table: the SQL work the events turned into (a row touched by two "
+    "transactions counts twice)",
+    ["group", "table"],
+)
 BATCH_RECORDS = Histogram(
     "skillstats_batch_records",
     "Records per SQL transaction of the windows group",
@@ -151,6 +157,7 @@ class PipelineMetrics:
         self._batch_records = BATCH_RECORDS.labels(group)
         self._apply_seconds = APPLY_SECONDS.labels(group)
         self._kinds: dict[tuple[str, str], Counter] = {}
+        self._rows: dict[str, Counter] = {}
         self._newest: dict[tuple[Gauge, int], float] = {}
 
     def batch(self, outcome: ApplyOutcome, records: int, seconds: float) -> None:
@@ -162,6 +169,11 @@ class PipelineMetrics:
                 if child is None:
                     child = self._kinds[(kind, outcome_name)] = EVENTS.labels(self.group, kind, outcome_name)
                 child.inc(count)
+        for table, rows in outcome.rows_upserted.items():
+            rows_child = self._rows.get(table)
+            if rows_child is None:
+                rows_child = self._rows[table] = ROWS_UPSERTED.labels(self.group, table)
+            rows_child.inc(rows)
 
     def invalid(self, reasons: Mapping[str, int], parked: bool) -> None:
         for reason, count in reasons.items():
@@ -193,6 +205,7 @@ def drain_finished(
     applied_kinds: Mapping[str, int],
     invalid_reasons: Mapping[str, int],
     unknown_skill: int,
+    rows_upserted: Mapping[str, int],
 ) -> None:
     """Docsync's hook, once per drain."""
     DOCSYNC_RUNS.labels(group, result).inc()
@@ -202,6 +215,8 @@ def drain_finished(
     for reason, count in invalid_reasons.items():
         INVALID_EVENTS.labels(group, reason).inc(count)
     UNKNOWN_SKILL_EVENTS.labels(group).inc(unknown_skill)
+    for table, rows in rows_upserted.items():
+        ROWS_UPSERTED.labels(group, table).inc(rows)
 
 
 # ---------------------------------------------------------------------- serving

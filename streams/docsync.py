@@ -53,7 +53,7 @@ from skillstats.sinks.docstats import DocStatsSink, PartitionDeltas
 from skillstats.sinks.fences import FenceAheadOfLog, check_within_log
 from skillstats.sinks.migrate import require_current
 from skillstats.sinks.recovery import describe, is_data_error
-from skillstats.sinks.schema import docsync_runs
+from skillstats.sinks.schema import docsync_runs, skills, user_skill_stats
 from skillstats.sinks.upserts import now_utc_naive
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ class DrainSummary:
     run_id: int | None = None
     events_read: int = 0
     skills_updated: int = 0
+    owners_updated: int = 0
     unknown_skill_events: int = 0
     invalid_skipped: int = 0
     partitions_applied: int = 0
@@ -85,6 +86,7 @@ class DrainSummary:
             f"docsync run {self.run_id}: {self.stopped_reason} after {self.duration_seconds:.1f}s",
             f"  events read           {self.events_read}",
             f"  skills updated        {self.skills_updated}",
+            f"  owners updated        {self.owners_updated}",
             f"  events, unknown skill {self.unknown_skill_events}",
             f"  invalid, skipped      {self.invalid_skipped}",
             f"  partitions applied    {self.partitions_applied}",
@@ -354,6 +356,7 @@ class DocSync:
                     continue
                 todo = todo[len(batch) :]
                 summary.skills_updated += outcome.skills_updated
+                summary.owners_updated += outcome.owners_updated
                 summary.unknown_skill_events += outcome.unknown_skill_events
                 summary.partitions_applied += outcome.partitions
                 summary.lost_partitions += outcome.lost_to_another_writer
@@ -476,6 +479,7 @@ def run(
             summary.applied_kinds,
             summary.invalid_reasons,
             summary.unknown_skill_events,
+            {skills.name: summary.skills_updated, user_skill_stats.name: summary.owners_updated},
         )
         emit(summary)
         if every is None or sync.stop.is_set():

@@ -83,10 +83,10 @@ class DyingSink(WindowsSink):
 
     commits_left: int | None = None
 
-    def write(self, connection: Any, folded: Any, now: Any) -> None:
+    def write(self, connection: Any, folded: Any, now: Any) -> dict[str, int]:
         if any(skill == "REJECT" for skill, _hour in folded[0]):
             raise sqlite3.IntegrityError("CHECK constraint failed: simulated")
-        super().write(connection, folded, now)
+        return super().write(connection, folded, now)
 
     def apply(self, batch: Any, dlq_marks: Any = None) -> Any:
         if self.commits_left == 0:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 from sqlalchemy import inspect, select, text
 from sqlalchemy.exc import OperationalError
 
@@ -90,7 +92,7 @@ class FlakySink(FencedSink):
     def fold(self, events: list[StatEvent]) -> object:
         raise NotImplementedError
 
-    def write(self, connection: object, folded: object, now: object) -> None:
+    def write(self, connection: object, folded: object, now: object) -> dict[str, int]:
         raise NotImplementedError
 
     def apply(self, records: object, dlq_marks: object = None) -> ApplyOutcome:
@@ -148,3 +150,60 @@ def test_registry_owned_skills_table_is_kept(database_url: str, tmp_path: Path) 
     # The registry's own `downloads` column (no default) is left exactly as it was;
     # only the stat columns it lacked are added, with their defaults.
     assert [tuple(r) for r in rows] == [("sk_1", "A", 41, 0, 0), ("sk_2", None, None, 0, 0)]
+
+
+def test_upserts_meet_rows_stored_through_sqlalchemy(sink: WindowsSink) -> None:
+    # The upserts render key values themselves (sinks/upserts.py); a row an earlier
+    # version stored through SQLAlchemy's own insert must still be the row they add to.
+    from datetime import timedelta
+
+    from sqlalchemy import insert
+
+    from skillstats.contract import MS_PER_DAY, MS_PER_HOUR
+    from skillstats.sinks.schema import skill_hourly_stats
+    from skillstats.sinks.upserts import utc_naive
+
+    at = NOW - 1
+    hour, day = utc_naive(at - at % MS_PER_HOUR), utc_naive(at - at % MS_PER_DAY).date()
+    with sink.engine.begin() as connection:
+        connection.execute(
+            insert(skill_hourly_stats).values(skill_id="sk_1", hour=hour, downloads=5, installs=1, updated_at=hour)
+        )
+        connection.execute(
+            insert(skill_daily_stats).values(skill_id="sk_1", day=day, downloads=7, installs=2, updated_at=hour)
+        )
+    sink.apply(downloads(0, range(3)))
+    with sink.engine.connect() as connection:
+        hourly = connection.execute(select(skill_hourly_stats.c.hour, skill_hourly_stats.c.downloads)).all()
+        daily = connection.execute(select(skill_daily_stats.c.day, skill_daily_stats.c.downloads)).all()
+        touched = connection.execute(select(skill_hourly_stats.c.updated_at)).scalar_one()
+    assert [tuple(r) for r in hourly] == [(hour, 8)]
+    assert [tuple(r) for r in daily] == [(day, 10)]
+    assert touched > hour - timedelta(seconds=1)  # read back as a datetime: stored in SQLAlchemy's format
+
+
+@hypothesis.settings(
+    max_examples=40, deadline=None, suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture]
+)
+@hypothesis.given(
+    ids=st.lists(
+        st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=128),
+        min_size=1,
+        max_size=30,
+        unique=True,
+    )
+)
+def test_any_skill_id_is_stored_as_given(sink: WindowsSink, ids: list[str]) -> None:
+    # Quotes, backslashes, braces, commas, spaces, "NULL": the upserts spell the key
+    # columns themselves (sinks/upserts.py), so every id must come back byte for byte.
+    with sink.engine.begin() as connection:
+        connection.execute(skill_daily_stats.delete())
+        connection.execute(text("DELETE FROM skillstats_partition_fences"))
+    records = [
+        ConsumedRecord(0, offset, make_event(skill, "download", NOW - 1, now_ms=NOW))
+        for offset, skill in enumerate(ids + ids[:1])
+    ]
+    sink.apply(records)
+    with sink.engine.connect() as connection:
+        stored = dict(connection.execute(select(skill_daily_stats.c.skill_id, skill_daily_stats.c.downloads)).all())
+    assert stored == {skill: 1 + (skill == ids[0]) for skill in ids}
