@@ -146,6 +146,53 @@ def _role_loop(bootstrap: str, topic: str, group: str, expected: int, decode_rec
     consumer.close()
 
 
+def _role_librdkafka_sink(bootstrap: str, topic: str, group: str, database_url: str) -> None:
+    """The windows sink fed by a confluent-kafka loop instead of faust/aiokafka: what the transport costs.
+
+    A measurement, not a consumer to run: no group-membership handling beyond
+    librdkafka's, no DLQ, no offsets committed (the fences are the cursor here).
+    Each fetch is decoded, folded and applied exactly as the windows worker does.
+    """
+    from typing import NamedTuple
+
+    from confluent_kafka import Consumer
+
+    from skillstats.streams.windows import decode_batch
+
+    class Fetched(NamedTuple):
+        partition: int
+        offset: int
+        timestamp: int | None
+        key: bytes | None
+        value: bytes | None
+        headers: list[tuple[str, bytes | None]]
+
+    import gc
+
+    gc.freeze()  # as `skillstats windows` runs (streams/windows.py)
+    gc.set_threshold(100_000, 50, 100)
+    sink = WindowsSink(open_engine(database_url), group, topic)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "queued.max.messages.kbytes": 262144,
+        }
+    )
+    consumer.subscribe([topic])
+    while True:
+        messages = consumer.consume(10_000, timeout=1.0)
+        raws = [
+            Fetched(m.partition(), m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers() or [])
+            for m in messages
+            if m.error() is None
+        ]
+        if raws:
+            sink.apply(sink.prepare(decode_batch(raws).records))
+
+
 def _role_naive_faust(bootstrap: str, topic: str, group: str) -> None:
     """The textbook faust way: one windowed Table update per event."""
     from datetime import timedelta
@@ -594,6 +641,33 @@ def run(
                     rows=_scraped_rows(port),
                 )
             )
+        for label, url in databases.items():
+            if "librdkafka-sink" in skip:
+                break
+            engine = open_engine(url)
+            upgrade(engine)
+            sink_group = group()
+            sink = WindowsSink(engine, sink_group, topic)
+            results.append(
+                _measure(
+                    f"g. librdkafka loop + the windows sink ({label})",
+                    [
+                        python,
+                        "-m",
+                        "skillstats.bench",
+                        "librdkafka-sink",
+                        bench.kafka_bootstrap,
+                        topic,
+                        sink_group,
+                        url,
+                    ],
+                    env,
+                    events,
+                    _caught_up_sql(sink, ends),
+                    _any_sql_progress(sink),
+                    note="a prototype, not the product: the windows sink behind a confluent-kafka fetch",
+                )
+            )
         if "docsync" not in skip:
             for label, url in databases.items():
                 results.append(_measure_docsync(f"d. skillstats docsync drain ({label})", bench, url, group(), events))
@@ -691,7 +765,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sqlite", metavar="PATH", help="SQLite file for case c (default: a temporary file)")
     parser.add_argument("--postgres", metavar="URL", help="PostgreSQL URL for case c (default: skip PostgreSQL)")
     parser.add_argument(
-        "--skip", default="", help="comma-separated: bare,decode,windows,docsync,naive,perftest,latency"
+        "--skip",
+        default="",
+        help="comma-separated: bare,decode,windows,librdkafka-sink,docsync,naive,perftest,latency",
     )
     parser.add_argument(
         "--naive-events",
@@ -753,6 +829,8 @@ if __name__ == "__main__":
     role, *rest = sys.argv[1:]
     if role in ("bare", "decode"):
         _role_loop(rest[0], rest[1], rest[2], int(rest[3]), decode_records=role == "decode")
+    elif role == "librdkafka-sink":
+        _role_librdkafka_sink(rest[0], rest[1], rest[2], rest[3])
     elif role == "naive-faust":
         _role_naive_faust(rest[0], rest[1], rest[2])
     else:
