@@ -293,19 +293,30 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _scraped_rows(port: int) -> Callable[[], int]:
-    """Rows the worker serving metrics on `port` says its upserts wrote (skillstats_rows_upserted_total)."""
+def _scraped_rows(port: int, events: int) -> Callable[[], int]:
+    """Rows the worker serving metrics on `port` says its upserts wrote (skillstats_rows_upserted_total).
 
-    def rows() -> int:
+    Read once its batches account for all `events` (skillstats_batch_records_sum): the
+    fences move in the transaction, the metrics just after it.
+    """
+
+    def scrape() -> dict[str, float]:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
             body = response.read().decode()
-        return int(
-            sum(
-                float(line.rsplit(" ", 1)[1])
-                for line in body.splitlines()
-                if line.startswith("skillstats_rows_upserted_total{")
-            )
-        )
+        totals: dict[str, float] = {}
+        for line in body.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in ("skillstats_rows_upserted_total", "skillstats_batch_records_sum"):
+                totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        return totals
+
+    def rows() -> int:
+        deadline = time.monotonic() + 30
+        totals = scrape()
+        while totals.get("skillstats_batch_records_sum", 0) < events and time.monotonic() < deadline:
+            time.sleep(0.05)
+            totals = scrape()
+        return int(totals.get("skillstats_rows_upserted_total", 0))
 
     return rows
 
@@ -638,7 +649,7 @@ def run(
                     events,
                     _caught_up_sql(sink, ends),
                     _any_sql_progress(sink),
-                    rows=_scraped_rows(port),
+                    rows=_scraped_rows(port, events),
                 )
             )
         for label, url in databases.items():

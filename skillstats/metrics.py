@@ -161,6 +161,13 @@ class PipelineMetrics:
         self._newest: dict[tuple[Gauge, int], float] = {}
 
     def batch(self, outcome: ApplyOutcome, records: int, seconds: float) -> None:
+        # Rows before records: a reader that sees a batch's records counted (the bench)
+        # then also sees its rows.
+        for table, rows in outcome.rows_upserted.items():
+            rows_child = self._rows.get(table)
+            if rows_child is None:
+                rows_child = self._rows[table] = ROWS_UPSERTED.labels(self.group, table)
+            rows_child.inc(rows)
         self._batch_records.observe(records)
         self._apply_seconds.observe(seconds)
         for outcome_name, kinds in (("applied", outcome.applied_kinds), ("replayed", outcome.replayed_kinds)):
@@ -169,11 +176,6 @@ class PipelineMetrics:
                 if child is None:
                     child = self._kinds[(kind, outcome_name)] = EVENTS.labels(self.group, kind, outcome_name)
                 child.inc(count)
-        for table, rows in outcome.rows_upserted.items():
-            rows_child = self._rows.get(table)
-            if rows_child is None:
-                rows_child = self._rows[table] = ROWS_UPSERTED.labels(self.group, table)
-            rows_child.inc(rows)
 
     def invalid(self, reasons: Mapping[str, int], parked: bool) -> None:
         for reason, count in reasons.items():

@@ -255,7 +255,8 @@ class DocSync:
             if part is None or partition in finished:
                 return  # revoked meanwhile, or already read to the snapshot
             offset = message.offset()
-            if offset >= ends.get(partition, 0):
+            end = ends.get(partition, 0)
+            if offset >= end:
                 finish(consumer, partition, offset)  # past the snapshot: everything below it was handed over
                 return
             if offset < part.start:
@@ -273,7 +274,7 @@ class DocSync:
                 part.events += 1
                 part.next_offset = offset + 1
                 summary.events_read += 1
-                if part.next_offset >= ends.get(partition, 0):
+                if part.next_offset >= end:
                     finish(consumer, partition)
                 return
             ts_type, ts = message.timestamp()
@@ -287,7 +288,7 @@ class DocSync:
             part.events += 1
             part.next_offset = offset + 1
             summary.events_read += 1
-            if part.next_offset >= ends.get(partition, 0):
+            if offset + 1 >= end:
                 finish(consumer, partition)
 
         consumer.subscribe([topic], on_assign=on_assign, on_revoke=on_revoke)
