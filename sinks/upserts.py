@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -60,24 +61,23 @@ def upsert_adding(
     # SQLAlchemy would store, and conflicts match), but once per distinct value.
     names = [*keys, *counters]
     renderers = [_renderer(table.c[name].type, connection.dialect) for name in names]
-    touched_value = _renderer(table.c[touched].type, connection.dialect)(now)
-    if any(render is not _unchanged for render in renderers):
-        columns = [list(map(render, column)) for render, column in zip(renderers, zip(*rows, strict=True), strict=True)]
-        rendered = [(*row, touched_value) for row in zip(*columns, strict=True)]
-    else:
-        rendered = [(*row, touched_value) for row in rows]
+    columns: list[Sequence[Any]] = list(zip(*rows, strict=True))
+    for index, render in enumerate(renderers):
+        if render is not None:
+            columns[index] = list(map(render, columns[index]))
+    touched_render = _renderer(table.c[touched].type, connection.dialect)
+    touched_value = touched_render(now) if touched_render else now
+    # strict=False: the repeat is endless, the columns (all of one length) decide.
+    rendered = list(zip(*columns, itertools.repeat(touched_value), strict=False))
     connection.exec_driver_sql(_sqlite_upsert(table, tuple(keys), tuple(counters), touched), rendered)
 
 
-def _unchanged(value: Any) -> Any:
-    return value
-
-
-def _renderer(column_type: Any, dialect: Any) -> Callable[[Any], Any]:
-    """The column type's bind processor for `dialect`, memoised per value (key columns repeat a few values)."""
+def _renderer(column_type: Any, dialect: Any) -> Callable[[Any], Any] | None:
+    """The column type's bind processor for `dialect`, memoised per value (key columns repeat a few
+    values); None when the type has none (the driver takes the value as it is)."""
     process = column_type.dialect_impl(dialect).bind_processor(dialect)
     if process is None:
-        return _unchanged
+        return None
     cache: dict[Any, Any] = {}
 
     def render(value: Any) -> Any:

@@ -56,21 +56,18 @@ class WindowsSink(FencedSink):
 
     def write(self, connection: Connection, folded: Any, now: datetime) -> dict[str, int]:
         hourly, daily = folded
-        instants: dict[int, datetime] = {}
-
-        def instant(ms: int) -> datetime:
-            value = instants.get(ms)
-            if value is None:
-                value = instants[ms] = utc_naive(ms)
-            return value
-
+        # Bucket starts become datetimes and dates once per distinct value (a batch
+        # spans a few hundred at most), and rows are ordered here on the integer keys,
+        # where comparing is cheap; upsert_adding's own sort then finds them in order.
+        hours = {ms: utc_naive(ms) for ms in {h for _s, h in hourly}}
+        days = {ms: utc_naive(ms).date() for ms in {d for _s, d in daily}}
         counters = ("downloads", "installs")
         upsert_adding(
             connection,
             skill_hourly_stats,
             ("skill_id", "hour"),
             counters,
-            [(s, instant(h), d, i) for (s, h), (d, i) in hourly.items()],
+            [(s, hours[h], d, i) for (s, h), (d, i) in sorted(hourly.items())],
             "updated_at",
             now,
         )
@@ -79,7 +76,7 @@ class WindowsSink(FencedSink):
             skill_daily_stats,
             ("skill_id", "day"),
             counters,
-            [(s, instant(day).date(), d, i) for (s, day), (d, i) in daily.items()],
+            [(s, days[day], d, i) for (s, day), (d, i) in sorted(daily.items())],
             "updated_at",
             now,
         )
