@@ -101,22 +101,32 @@ def _sqlite_upsert(table: Table, keys: tuple[str, ...], counters: tuple[str, ...
 
 
 def _pg_array_literal(values: Sequence[Any]) -> str | None:
-    """PostgreSQL's text form of a one-dimensional array of str, int, date or datetime values (one type).
+    """PostgreSQL's text form of a one-dimensional array of str, int, date or naive datetime values.
 
-    None when a value cannot be spelled: a str holding NUL (PostgreSQL text cannot hold it either).
+    None when the values cannot be spelled that way (the caller then hands psycopg
+    the list, which adapts or refuses it as it always did): mixed types, a str
+    holding NUL (PostgreSQL text cannot hold it either), a bool, an aware datetime.
     """
-    first = values[0]
-    if isinstance(first, str):
+    kinds = set(map(type, values))  # one pass in C; the rows are all one type per column
+    if len(kinds) != 1:
+        return None
+    kind = kinds.pop()
+    if kind is str:
         joined = "\x00".join(values)
         if joined.count("\x00") != len(values) - 1:
             return None
         # Every element quoted; inside quotes only backslash and double quote are special.
         return '{"' + joined.replace("\\", "\\\\").replace('"', '\\"').replace("\x00", '","') + '"}'
-    if isinstance(first, int) and not isinstance(first, bool):
+    if kind is int:
         return "{" + ",".join(map(str, values)) + "}"
-    if isinstance(first, date):  # and datetime: str() is the ISO form PostgreSQL reads
+    if kind is date or kind is datetime:
         spelled: dict[Any, str] = {}
-        return '{"' + '","'.join([spelled.get(v) or spelled.setdefault(v, str(v)) for v in values]) + '"}'
+        for value in values:
+            if value not in spelled:
+                if getattr(value, "tzinfo", None) is not None:
+                    return None  # str() would carry an offset the timestamp column drops
+                spelled[value] = str(value)  # the ISO form, which PostgreSQL reads whatever its DateStyle
+        return '{"' + '","'.join([spelled[v] for v in values]) + '"}'
     return None
 
 

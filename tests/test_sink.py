@@ -207,3 +207,19 @@ def test_any_skill_id_is_stored_as_given(sink: WindowsSink, ids: list[str]) -> N
     with sink.engine.connect() as connection:
         stored = dict(connection.execute(select(skill_daily_stats.c.skill_id, skill_daily_stats.c.downloads)).all())
     assert stored == {skill: 1 + (skill == ids[0]) for skill in ids}
+
+
+def test_pg_array_literal_spells_only_what_it_can() -> None:
+    # What it cannot spell goes to psycopg as a list, which adapts or refuses it.
+    from datetime import UTC, date, datetime
+
+    from skillstats.sinks.upserts import _pg_array_literal
+
+    assert _pg_array_literal([3, -1, 0]) == "{3,-1,0}"
+    assert _pg_array_literal(['a"b\\c', "NULL", " {x, y} "]) == '{"a\\"b\\\\c","NULL"," {x, y} "}'
+    assert _pg_array_literal([date(2026, 1, 2), datetime(2026, 1, 2, 3)]) is None  # mixed types
+    assert _pg_array_literal([datetime(2026, 1, 2, 3), datetime(2026, 1, 2, 3)]) == (
+        '{"2026-01-02 03:00:00","2026-01-02 03:00:00"}'
+    )
+    for unspellable in ([1, True], [True], ["a", None], ["a\x00b"], [datetime(2026, 1, 2, tzinfo=UTC)]):
+        assert _pg_array_literal(unspellable) is None, unspellable
