@@ -57,17 +57,24 @@ class WindowsSink(FencedSink):
     def write(self, connection: Connection, folded: Any, now: datetime) -> dict[str, int]:
         hourly, daily = folded
         # Bucket starts become datetimes and dates once per distinct value (a batch
-        # spans a few hundred at most), and rows are ordered here on the integer keys,
-        # where comparing is cheap; upsert_adding's own sort then finds them in order.
+        # spans a few hundred at most). Rows are ordered here, as flat tuples led by
+        # the skill id with the bucket start as an int: CPython's sort compares a list
+        # whose first items are all str on a fast path, and ties then compare ints,
+        # not datetimes (sorting the (key, counts) items instead was 15% of a backfill).
+        # upsert_adding's own sort then finds them in order.
+        hourly_rows = [(s, h, d, i) for (s, h), (d, i) in hourly.items()]
+        hourly_rows.sort()
+        daily_rows = [(s, day, d, i) for (s, day), (d, i) in daily.items()]
+        daily_rows.sort()
         hours = {ms: utc_naive(ms) for ms in {h for _s, h in hourly}}
-        days = {ms: utc_naive(ms).date() for ms in {d for _s, d in daily}}
+        days = {ms: utc_naive(ms).date() for ms in {day for _s, day in daily}}
         counters = ("downloads", "installs")
         upsert_adding(
             connection,
             skill_hourly_stats,
             ("skill_id", "hour"),
             counters,
-            [(s, hours[h], d, i) for (s, h), (d, i) in sorted(hourly.items())],
+            [(s, hours[h], d, i) for s, h, d, i in hourly_rows],
             "updated_at",
             now,
         )
@@ -76,7 +83,7 @@ class WindowsSink(FencedSink):
             skill_daily_stats,
             ("skill_id", "day"),
             counters,
-            [(s, days[day], d, i) for (s, day), (d, i) in sorted(daily.items())],
+            [(s, days[day], d, i) for s, day, d, i in daily_rows],
             "updated_at",
             now,
         )
