@@ -31,8 +31,11 @@ inside the transaction from the records that are new.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -89,15 +92,65 @@ class ApplyOutcome:
             self.next_offsets[partition] = max(next_offset, self.next_offsets.get(partition, 0))
 
 
-class Prepared(msgspec.Struct, frozen=True):
+class PartitionBatch(msgspec.Struct, frozen=True, gc=False):
+    """One partition's records of a batch, in the order they were handed over, as two columns.
+
+    Columns rather than a ConsumedRecord per record: the usual batch is checked
+    and folded with a few C-level passes over them (offsets rising, the valid
+    events), and the per-record objects are made only when a batch needs the
+    record-by-record path (a replay, a repeat, a rejected record).
+    """
+
+    partition: int
+    offsets: list[int]
+    events: list[StatEvent | None]  # None: counts nothing, moves the fence (an invalid record, parked)
+
+
+def by_partition(records: Sequence[ConsumedRecord]) -> list[PartitionBatch]:
+    """Records regrouped per partition, each partition's in the order given (all the fences care about)."""
+    parts: dict[int, PartitionBatch] = {}
+    for record in records:
+        part = parts.get(record.partition)
+        if part is None:
+            part = parts[record.partition] = PartitionBatch(record.partition, [], [])
+        part.offsets.append(record.offset)
+        part.events.append(record.event)
+    return list(parts.values())
+
+
+class Prepared:
     """A batch folded ahead of its transaction."""
 
-    records: Sequence[ConsumedRecord]
-    lowest: dict[int, int]  # partition -> lowest offset in the batch
-    end: dict[int, int]  # partition -> one past the highest offset in the batch
-    rising: bool  # every partition's offsets strictly rising in batch order
-    folded: Any
-    kinds: dict[str, int]  # valid events by kind
+    __slots__ = ("_records", "count", "end", "folded", "kinds", "lowest", "parts", "rising")
+
+    def __init__(
+        self,
+        parts: Sequence[PartitionBatch],
+        lowest: dict[int, int],
+        end: dict[int, int],
+        rising: bool,
+        folded: Any,
+        kinds: dict[str, int],
+    ) -> None:
+        self.parts = parts
+        self.count = sum(len(part.offsets) for part in parts)
+        self.lowest = lowest  # partition -> lowest offset in the batch
+        self.end = end  # partition -> one past the highest offset in the batch
+        self.rising = rising  # every partition's offsets strictly rising in batch order
+        self.folded = folded  # the fold of every valid event, when `rising`
+        self.kinds = kinds  # valid events by kind
+        self._records: list[ConsumedRecord] | None = None
+
+    @property
+    def records(self) -> list[ConsumedRecord]:
+        """The batch record by record (partition after partition), made on first use."""
+        if self._records is None:
+            self._records = [
+                ConsumedRecord(part.partition, offset, event)
+                for part in self.parts
+                for offset, event in zip(part.offsets, part.events, strict=True)
+            ]
+        return self._records
 
 
 def in_offset_order(records: Sequence[ConsumedRecord]) -> list[ConsumedRecord]:
@@ -117,39 +170,45 @@ class FencedSink(PartitionFences, ABC):
     def write(self, connection: Connection, folded: Any, now: datetime) -> dict[str, int]:
         """Add what `fold` made to the sink's tables, inside the batch's transaction; rows written per table."""
 
-    def prepare(self, records: Sequence[ConsumedRecord]) -> Prepared:
-        """Fold a batch ahead of its transaction (in another thread, while the previous one commits)."""
+    def prepare(self, batch: Sequence[ConsumedRecord] | Sequence[PartitionBatch]) -> Prepared:
+        """Fold a batch ahead of its transaction (in another thread, while the previous one commits).
+
+        Takes records or per-partition columns; a partition may appear in several
+        PartitionBatch entries, and its offsets may come in any order: only a batch
+        whose every partition's offsets strictly rise is folded here (the usual case),
+        any other is folded in the transaction from what is new (`apply`).
+        """
+        parts = batch if batch and isinstance(batch[0], PartitionBatch) else by_partition(batch)  # type: ignore[arg-type]
         lowest: dict[int, int] = {}
         end: dict[int, int] = {}
         rising = True
-        events: list[StatEvent] = []
-        kinds: dict[str, int] = {}
-        for record in records:
-            partition, offset = record.partition, record.offset
-            last = end.get(partition)
-            if last is None:
-                lowest[partition] = offset
-                end[partition] = offset + 1
-            elif offset >= last:
-                end[partition] = offset + 1
-            else:
+        valid: list[StatEvent] = []
+        for part in parts:
+            offsets = part.offsets
+            if not offsets:
+                continue
+            partition = part.partition
+            low, high = min(offsets), max(offsets)
+            if rising and (
+                not all(map(operator.lt, offsets, itertools.islice(offsets, 1, None)))
+                or (partition in end and offsets[0] < end[partition])
+            ):
                 rising = False
-                lowest[partition] = min(lowest[partition], offset)
-            event = record.event
-            if event is not None:
-                events.append(event)
-                kinds[event.kind] = kinds.get(event.kind, 0) + 1
-        return Prepared(records, lowest, end, rising, self.fold(events) if rising else None, kinds)
+            lowest[partition] = min(low, lowest.get(partition, low))
+            end[partition] = max(high + 1, end.get(partition, 0))
+            valid.extend(filter(None, part.events))
+        kinds = dict(Counter(map(operator.attrgetter("kind"), valid)))
+        return Prepared(parts, lowest, end, rising, self.fold(valid) if rising else None, kinds)
 
     def apply(
         self,
-        batch: Sequence[ConsumedRecord] | Prepared,
+        batch: Sequence[ConsumedRecord] | Sequence[PartitionBatch] | Prepared,
         dlq_marks: Mapping[int, tuple[DlqMark | None, DlqMark]] | None = None,
     ) -> ApplyOutcome:
         """Apply one batch in one transaction; a record below its fence, or seen before in the batch, is skipped."""
         prepared = batch if isinstance(batch, Prepared) else self.prepare(batch)
         outcome = ApplyOutcome()
-        if not prepared.records and not dlq_marks:
+        if not prepared.count and not dlq_marks:
             return outcome
         now = now_utc_naive()
         with self.engine.begin() as connection:
@@ -160,7 +219,7 @@ class FencedSink(PartitionFences, ABC):
                 # repeats, so the fold made outside the transaction is the one to write.
                 folded = prepared.folded
                 advanced = dict(prepared.end)
-                outcome.applied = len(prepared.records)
+                outcome.applied = prepared.count
                 outcome.applied_kinds = dict(prepared.kinds)
                 fresh_lowest = prepared.lowest
             else:

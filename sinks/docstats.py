@@ -28,19 +28,13 @@ from typing import Any
 
 from sqlalchemy import bindparam, func, select, update
 
-from skillstats.contract import EFFECTS, StatEvent
+from skillstats.contract import StatEvent
 from skillstats.sinks.fences import PartitionFences
 from skillstats.sinks.schema import skills, user_skill_stats
 from skillstats.sinks.upserts import now_utc_naive, upsert_adding
 
 log = logging.getLogger(__name__)
 _IN_CHUNK = 1000
-# kind -> what it adds to its skill, for the kinds whose effect does not depend on the event.
-_FIXED_SKILL_DELTAS: dict[str, tuple[int, int, int]] = {
-    kind: (effect.downloads, effect.installs_all_time, effect.installs_current)
-    for kind, effect in EFFECTS.items()
-    if not effect.uses_delta
-}
 
 
 @dataclass
@@ -61,8 +55,7 @@ class PartitionDeltas:
         kind = event.kind
         kinds = self.kinds
         kinds[kind] = kinds.get(kind, 0) + 1
-        fixed = _FIXED_SKILL_DELTAS.get(kind)
-        downloads, all_time, current = fixed if fixed is not None else event.skill_deltas()
+        downloads, all_time, current = event.skill_deltas()
         row = self.deltas.get(event.skill_id)
         if row is None:
             self.deltas[event.skill_id] = [downloads, all_time, current, 1]

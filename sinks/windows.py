@@ -7,19 +7,12 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from skillstats.contract import EFFECTS, MS_PER_DAY, MS_PER_HOUR, StatEvent
+from skillstats.contract import MS_PER_DAY, MS_PER_HOUR, WINDOW_DELTAS, StatEvent
 from skillstats.sinks.batch import FencedSink
 from skillstats.sinks.schema import skill_daily_stats, skill_hourly_stats
 from skillstats.sinks.upserts import upsert_adding, utc_naive
 
 Buckets = dict[tuple[str, int], list[int]]  # (skill id, bucket start ms) -> [downloads, installs]
-
-# kind -> (downloads, installs) it adds to its hour and day, for the kinds that touch windows.
-_WINDOW_EFFECTS: dict[str, tuple[int, int]] = {
-    kind: (effect.window_downloads, effect.window_installs)
-    for kind, effect in EFFECTS.items()
-    if effect.touches_windows
-}
 
 
 class WindowsSink(FencedSink):
@@ -30,7 +23,7 @@ class WindowsSink(FencedSink):
         # is whole UTC hours), so the per-event dict work is done once, not twice: on
         # a live stream a batch of thousands of events folds into a few hundred hours.
         hourly: Buckets = {}
-        window = _WINDOW_EFFECTS
+        window = WINDOW_DELTAS
         for event in events:
             effect = window.get(event.kind)
             if effect is None:

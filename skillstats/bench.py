@@ -21,11 +21,14 @@ The consumer roles (`bare`, `decode`, `naive-faust`) also run from here, as
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -184,13 +187,14 @@ def _role_librdkafka_sink(bootstrap: str, topic: str, group: str, database_url: 
     consumer.subscribe([topic])
     while True:
         messages = consumer.consume(10_000, timeout=1.0)
-        raws = [
-            Fetched(m.partition(), m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers() or [])
-            for m in messages
-            if m.error() is None
-        ]
-        if raws:
-            sink.apply(sink.prepare(decode_batch(raws).records))
+        fetched: dict[int, list[Fetched]] = {}
+        for m in messages:
+            if m.error() is None:
+                fetched.setdefault(m.partition(), []).append(
+                    Fetched(m.partition(), m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers() or [])
+                )
+        if fetched:
+            sink.apply(sink.prepare(decode_batch(fetched).parts))
 
 
 def _role_naive_faust(bootstrap: str, topic: str, group: str) -> None:
@@ -211,7 +215,11 @@ def _role_naive_faust(bootstrap: str, topic: str, group: str) -> None:
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=0.5,
+        # faust makes a data directory even for in-memory tables: in a temporary
+        # directory, removed on exit, not one left in the working directory per run.
+        datadir=tempfile.mkdtemp(prefix=f"{group}-"),
     )
+    atexit.register(shutil.rmtree, app.conf.datadir, ignore_errors=True)
     source = app.topic(topic, key_type=bytes, value_type=bytes)
     downloads = app.Table(f"{group}-downloads", default=int, partitions=PARTITIONS).tumbling(
         timedelta(hours=1), expires=timedelta(days=30)

@@ -23,8 +23,10 @@ Correctness rests on the SQL fence, not on faust's `exactly_once` (docs/contract
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
+import operator
 import os
 import queue
 import ssl
@@ -41,13 +43,13 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 
 from skillstats.config import MaskSecrets, Settings, redact_url
-from skillstats.contract import Invalid, decode
+from skillstats.contract import decode_many
 from skillstats.dlq import H_REPLAYED_FROM, REJECTED_BY_DATABASE, DeadLetters, MarkUpdates, Parcel
 from skillstats.kafka import RawRecord, end_offsets
 from skillstats.metrics import PipelineMetrics, Probes, serve, watch_health
 from skillstats.retry import Backoff
 from skillstats.shutdown import DEFAULT_BUDGET_S, LEAVE_RESERVE_S, ShutdownWatchdog, batch_budget
-from skillstats.sinks.batch import ApplyOutcome, ConsumedRecord
+from skillstats.sinks.batch import ApplyOutcome, ConsumedRecord, PartitionBatch
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.fences import FenceAheadOfLog, check_within_log
 from skillstats.sinks.migrate import require_current
@@ -59,6 +61,14 @@ T = TypeVar("T")
 # /healthz fails when the event loop has not turned for this long: long enough for
 # a stop-the-world moment (a full GC, a slow rebalance callback), short of a hang.
 LOOP_STALL_SECONDS = 30.0
+# Most bytes one fetch brings per partition (aiokafka's max_partition_fetch_bytes,
+# faust's consumer_max_fetch_size; 1 MiB by default). aiokafka keeps one fetch
+# request per broker in flight, and at 1 MiB a partition a worker that had caught up
+# with its last fetch waited for the next one: the sink thread idled a fifth of the
+# time on a preloaded topic and the bench's steady rate was 1.3-1.5x lower (docs/
+# performance.md). Memory stays bounded by the whole fetch's cap (aiokafka's
+# fetch_max_bytes, 50 MiB), whatever the number of partitions assigned.
+PARTITION_FETCH_BYTES = 8 * 1024 * 1024
 
 
 class FetchedRecord(Protocol):
@@ -81,44 +91,52 @@ def replayed_from(raw: FetchedRecord) -> bytes | None:
 
 
 class DecodedBatch(NamedTuple):
-    records: list[ConsumedRecord]
+    parts: list[PartitionBatch]
     parcels: list[Parcel]  # the invalid records, for the DLQ
     newest_event_ms: dict[int, int]  # partition -> newest occurred_at of a valid event
     newest_record_ms: dict[int, int]  # partition -> newest Kafka timestamp
 
 
-def decode_batch(raws: Sequence[FetchedRecord]) -> DecodedBatch:
-    """Decode a batch; invalid records become fence-only entries plus parcels for the DLQ.
+def decode_batch(fetched: Mapping[int, Sequence[FetchedRecord]]) -> DecodedBatch:
+    """Decode a batch, kept per partition; invalid records become fence-only entries plus parcels for the DLQ.
 
     Validity is a function of the record alone (its key, value and Kafka
-    timestamp), so this group and docsync always agree on it.
+    timestamp), so this group and docsync always agree on it. Records are read
+    into columns and decoded in one call per partition: no object per record
+    beyond the event itself.
     """
-    records: list[ConsumedRecord] = []
+    parts: list[PartitionBatch] = []
     parcels: list[Parcel] = []
     newest_event: dict[int, int] = {}
     newest_record: dict[int, int] = {}
-    append = records.append
-    for raw in raws:
-        partition, timestamp = raw.partition, raw.timestamp
-        decoded = decode(raw.key, raw.value, timestamp)
-        if timestamp is not None and timestamp > newest_record.get(partition, -1):
-            newest_record[partition] = timestamp
-        if isinstance(decoded, Invalid):
+    for partition, raws in fetched.items():
+        if not raws:
+            continue
+        stamps = [raw.timestamp for raw in raws]
+        events, invalid = decode_many([raw.key for raw in raws], [raw.value for raw in raws], stamps)
+        for index, why in invalid:
+            raw = raws[index]
             parcels.append(
                 Parcel(
                     RawRecord(partition, raw.offset, raw.key, raw.value),
-                    decoded.reason.value,
-                    decoded.message,
+                    why.reason.value,
+                    why.message,
                     replayed_from(raw),
-                    timestamp,
+                    raw.timestamp,
                 )
             )
-            append(ConsumedRecord(partition, raw.offset, None))
-        else:
-            if decoded.occurred_at > newest_event.get(partition, -1):
-                newest_event[partition] = decoded.occurred_at
-            append(ConsumedRecord(partition, raw.offset, decoded))
-    return DecodedBatch(records, parcels, newest_event, newest_record)
+        parts.append(PartitionBatch(partition, [raw.offset for raw in raws], events))
+        newest = max(map(_OCCURRED_AT, filter(None, events)), default=None)
+        if newest is not None:
+            newest_event[partition] = newest
+        newest = max(filter(_NOT_NONE, stamps), default=None)
+        if newest is not None:
+            newest_record[partition] = newest
+    return DecodedBatch(parts, parcels, newest_event, newest_record)
+
+
+_OCCURRED_AT = operator.attrgetter("occurred_at")
+_NOT_NONE = functools.partial(operator.is_not, None)
 
 
 class WindowsPipeline:
@@ -132,10 +150,11 @@ class WindowsPipeline:
         self.metrics = PipelineMetrics(sink.group_id)
         watch_health(sink.group_id, self.health)
 
-    def process(self, raws: Sequence[FetchedRecord]) -> ApplyOutcome:
+    def process(self, fetched: Mapping[int, Sequence[FetchedRecord]]) -> ApplyOutcome:
+        """Decode, park the invalid, fold and apply one batch (partition -> its records in fetch order)."""
         began = time.perf_counter()
-        records, parcels, newest_event_ms, newest_record_ms = decode_batch(raws)
-        prepared = self.sink.prepare(records)  # the fold, and each partition's end, once
+        parts, parcels, newest_event_ms, newest_record_ms = decode_batch(fetched)
+        prepared = self.sink.prepare(parts)  # the fold, and each partition's end, once
         marks: MarkUpdates = {}
         if parcels:
             # A record below its fence was parked (and acknowledged) before the fence
@@ -154,7 +173,7 @@ class WindowsPipeline:
 
         def park_rejected(record: ConsumedRecord, exc: BaseException) -> MarkUpdates:
             rejected.append(record)
-            raw = next(r for r in raws if (r.partition, r.offset) == (record.partition, record.offset))
+            raw = next(r for r in fetched[record.partition] if r.offset == record.offset)
             parcel = Parcel(
                 RawRecord(raw.partition, raw.offset, raw.key, raw.value),
                 REJECTED_BY_DATABASE,
@@ -171,7 +190,7 @@ class WindowsPipeline:
             self.sink, prepared, park_rejected, stop=self.stop, health=self.health, dlq_marks=marks
         )
         outcome.parked += len(parcels)
-        self.metrics.batch(outcome, len(raws), time.perf_counter() - began)
+        self.metrics.batch(outcome, prepared.count, time.perf_counter() - began)
         self.metrics.invalid(Counter(p.reason for p in parcels), parked=True)
         self.metrics.parked(REJECTED_BY_DATABASE, len(rejected))
         self.metrics.newest(newest_event_ms, newest_record_ms)
@@ -274,9 +293,8 @@ class BatchSink:
             self._start()
 
     def _start(self) -> None:
-        batch = [record for records in self.pending.values() for record in records]
+        batch, self.in_flight_size = self.pending, self.pending_count
         self.pending, self.pending_count = {}, 0
-        self.in_flight_size = len(batch)
         self.in_flight = self._thread.submit(lambda: self.pipeline.process(batch))
 
     async def _finish_in_flight(self) -> None:
@@ -534,6 +552,7 @@ def build_app(
         consumer_auto_offset_reset="earliest",
         stream_wait_empty=False,
         broker_max_poll_records=fetch_size,
+        consumer_max_fetch_size=PARTITION_FETCH_BYTES,
         # Static membership: a worker restarted under the same id (a crashed container
         # in the same pod) takes its partitions back at once, instead of the whole
         # group waiting a session timeout for the dead member to be declared gone.

@@ -24,6 +24,7 @@ from skillstats.contract import (
     Reason,
     StatEvent,
     decode,
+    decode_many,
     decode_reference,
     from_mapping,
     make_event,
@@ -243,6 +244,35 @@ def test_fast_and_slow_decoders_agree_on_every_record() -> None:
     ]
     for key, value in samples:
         assert decode(key, value, now) == decode_reference(key, value, now), (value or b"")[:200]
+
+
+def test_a_batch_decodes_each_record_as_if_alone() -> None:
+    """decode_many over a shuffled mix of every hostile case and ordinary events: each index gets the
+    reference verdict for its own record, whatever its neighbours, and the invalid list names exactly them."""
+    import random
+
+    from skillstats.workload import generate
+    from tests.hostile_corpus import CORPUS
+
+    now = int(time.time() * 1000)
+    records = [(case.key, case.value, case.timestamp) for case in CORPUS]
+    records += [(r.key, r.value, now) for r in generate(3_000, now_ms=now, invalid_ratio=0.2, seed=11)]
+    records += [(b"sk_1", None, None), (None, b"{}", -1)]
+    random.Random(5).shuffle(records)
+    keys, values, stamps = (list(column) for column in zip(*records, strict=True))
+    events, invalid = decode_many(keys, values, stamps)
+    assert len(events) == len(records)
+    reasons = dict(invalid)
+    assert len(reasons) == len(invalid)
+    for index, (key, value, stamp) in enumerate(records):
+        reference = decode_reference(key, value, stamp)
+        if isinstance(reference, Invalid):
+            assert events[index] is None and reasons[index] == reference, (value or b"")[:200]
+        else:
+            assert events[index] == reference and index not in reasons, (value or b"")[:200]
+    assert decode_many([], [], []) == ([], [])
+    with pytest.raises(ValueError):
+        decode_many([b"sk_1"], [], [NOW])
 
 
 # --- Validity is a function of the record alone (issue "exactness", item 6) ---------------------------------------

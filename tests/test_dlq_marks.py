@@ -119,7 +119,7 @@ def test_each_record_is_parked_once_whatever_the_kill_points(tmp_path: Path, kil
         sink.commits_left = commits_before_kill
         fence = sink.fences().get(0, 0)
         try:
-            WindowsPipeline(sink, MemoryDlq(dlq)).process([r for r in batch() if r.offset >= fence])
+            WindowsPipeline(sink, MemoryDlq(dlq)).process({0: [r for r in batch() if r.offset >= fence]})
         except Killed:
             continue
     assert Counter(dlq) == {(0, 2): 1, (0, 8): 1}

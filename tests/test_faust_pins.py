@@ -18,7 +18,7 @@ import aiokafka
 from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as aiokafka_driver
 
-from skillstats.streams.windows import FencedConsumer, ReadCommittedConsumerThread, WindowsApp
+from skillstats.streams.windows import PARTITION_FETCH_BYTES, FencedConsumer, ReadCommittedConsumerThread, WindowsApp
 
 
 def test_versions_are_the_pinned_ones() -> None:
@@ -82,3 +82,14 @@ def test_the_livelock_check_goes_through_verify_event_path_and_misfires_on_a_bat
     assert "monitor.stream_inbound_time.get(tp)" in faust_check
     assert FencedConsumer.verify_event_path is not aiokafka_driver.Consumer.verify_event_path
     assert FencedConsumer.verify_event_path(None, 0.0, None) is None  # type: ignore[arg-type]
+
+
+def test_the_partition_fetch_size_reaches_aiokafka_and_the_whole_fetch_stays_capped() -> None:
+    """PARTITION_FETCH_BYTES goes through faust's public setting to aiokafka, whose fetch_max_bytes bounds the
+    sum over partitions (the memory argument in streams/windows.py)."""
+    source = inspect.getsource(aiokafka_driver.AIOKafkaConsumerThread._create_worker_consumer)
+    assert "max_partition_fetch_bytes=conf.consumer_max_fetch_size" in source
+    assert "fetch_max_bytes" not in source  # faust leaves aiokafka's default cap in place
+    defaults = inspect.signature(aiokafka.AIOKafkaConsumer).parameters
+    assert defaults["fetch_max_bytes"].default == 50 * 1024 * 1024
+    assert defaults["fetch_max_bytes"].default > PARTITION_FETCH_BYTES

@@ -13,6 +13,7 @@ restating docs/contract.md, kinds without the production code.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 from sqlalchemy import delete, select
 
 from skillstats.contract import StatEvent
-from skillstats.sinks.batch import ConsumedRecord
+from skillstats.sinks.batch import ConsumedRecord, PartitionBatch, by_partition
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.migrate import upgrade
 from skillstats.sinks.schema import partition_fences, skill_daily_stats, skill_hourly_stats
@@ -104,6 +105,28 @@ class Consumer:
         self.position[partition] = offset
 
 
+def shaped(batch: list[ConsumedRecord], how: int) -> list[ConsumedRecord] | list[PartitionBatch]:
+    """The same batch in each form a sink accepts: records, per-partition columns, or columns split in pieces.
+
+    The pieces form keeps each partition's records in batch order but hands a
+    partition in up to three entries, interleaved with the other partitions' (a
+    caller may legally do that); the sink must reach the same verdicts.
+    """
+    if how % 3 == 0:
+        return batch
+    parts = by_partition(batch)
+    if how % 3 == 1:
+        return parts
+    pieces: list[list[PartitionBatch]] = []
+    for part in parts:
+        n = len(part.offsets)
+        cuts = sorted({0, n // 3, (2 * n) // 3, n})
+        pieces.append(
+            [PartitionBatch(part.partition, part.offsets[a:b], part.events[a:b]) for a, b in itertools.pairwise(cuts)]
+        )
+    return [piece for round_ in itertools.zip_longest(*pieces) for piece in round_ if piece is not None]
+
+
 actions = st.lists(
     st.tuples(
         st.sampled_from(["fetch", "fetch", "fetch", "seek", "seek_keep", "apply", "drop"]),
@@ -146,6 +169,30 @@ def test_any_consumer_history_counts_every_record_once(engine_url: str) -> None:
             ("apply", 0, 0, 0),
         ],
     )
+    # The same, handed as columns (4, 4, 5: a repeat next to itself) and as pieces
+    # (4 | 5 | 4, 5: a repeat only across two entries of one partition).
+    @example(
+        log={0: [(o, ConsumedRecord(0, o, StatEvent(f"e{o}", "sk_a", "download", BASE))) for o in range(6)]},
+        history=[
+            ("fetch", 0, 0, 4),
+            ("apply", 0, 0, 0),
+            ("fetch", 0, 0, 1),
+            ("seek_keep", 0, 0, 0),
+            ("fetch", 0, 0, 9),
+            ("apply", 0, 0, 1),
+        ],
+    )
+    @example(
+        log={0: [(o, ConsumedRecord(0, o, StatEvent(f"e{o}", "sk_a", "download", BASE))) for o in range(6)]},
+        history=[
+            ("fetch", 0, 0, 4),
+            ("apply", 0, 0, 0),
+            ("fetch", 0, 0, 2),
+            ("seek_keep", 0, 0, 0),
+            ("fetch", 0, 0, 2),
+            ("apply", 0, 0, 2),
+        ],
+    )
     def check(log: Log, history: list[tuple[str, int, int, int]]) -> None:
         with engine.begin() as connection:
             for table in (skill_daily_stats, skill_hourly_stats, partition_fences):
@@ -171,7 +218,7 @@ def test_any_consumer_history_counts_every_record_once(engine_url: str) -> None:
                     consumer.seek(p, max(0, sink.fences().get(p, 0) - amount))
             elif consumer.pending:
                 batch, consumer.pending = consumer.pending, []
-                sink.apply(batch)
+                sink.apply(shaped(batch, amount))
         # In-flight batches of both consumers land last, in either order, then a last
         # owner reads every partition from its fence to the end.
         for consumer in consumers:

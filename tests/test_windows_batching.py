@@ -22,9 +22,11 @@ class FakePipeline:
     batches: list[list[tuple[int, int]]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
-    def process(self, raws: list[RawRecord]) -> ApplyOutcome:
+    def process(self, fetched: dict[int, list[RawRecord]]) -> ApplyOutcome:
         if not self.batches:
             self.release.wait(10)
+        assert all(r.partition == p for p, rs in fetched.items() for r in rs)
+        raws = [r for rs in fetched.values() for r in rs]
         self.batches.append([(r.partition, r.offset) for r in raws])
         ends: dict[int, int] = {}
         for r in raws:
