@@ -185,6 +185,8 @@ class FencedSink(PartitionFences, ABC):
         valid: list[StatEvent] = []
         for part in parts:
             offsets = part.offsets
+            if len(part.events) != len(offsets):
+                raise ValueError(f"partition {part.partition}: {len(offsets)} offsets but {len(part.events)} events")
             if not offsets:
                 continue
             partition = part.partition

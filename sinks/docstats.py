@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy import bindparam, func, select, update
 
-from skillstats.contract import StatEvent
+from skillstats.contract import FIXED_SKILL_DELTAS, Invalid, StatEvent
 from skillstats.sinks.fences import PartitionFences
 from skillstats.sinks.schema import skills, user_skill_stats
 from skillstats.sinks.upserts import now_utc_naive, upsert_adding
@@ -51,19 +51,28 @@ class PartitionDeltas:
     kinds: dict[str, int] = field(default_factory=dict)  # valid events by kind
     invalid_reasons: dict[str, int] = field(default_factory=dict)
 
-    def add(self, event: StatEvent) -> None:
-        kind = event.kind
+    def add_decoded(self, events: Sequence[StatEvent | None], invalid: Sequence[tuple[int, Invalid]]) -> None:
+        """Fold what `decode_many` made of some of this partition's records (None: an invalid one)."""
+        for _index, why in invalid:
+            reason = why.reason.value
+            self.invalid_reasons[reason] = self.invalid_reasons.get(reason, 0) + 1
+        self.invalid += len(invalid)
         kinds = self.kinds
-        kinds[kind] = kinds.get(kind, 0) + 1
-        downloads, all_time, current = event.skill_deltas()
-        row = self.deltas.get(event.skill_id)
-        if row is None:
-            self.deltas[event.skill_id] = [downloads, all_time, current, 1]
-        else:
-            row[0] += downloads
-            row[1] += all_time
-            row[2] += current
-            row[3] += 1
+        deltas = self.deltas
+        fixed = FIXED_SKILL_DELTAS
+        for event in filter(None, events):
+            kind = event.kind
+            kinds[kind] = kinds.get(kind, 0) + 1
+            # A non-empty tuple is true, so only the kinds that read their own delta call the method.
+            downloads, all_time, current = fixed.get(kind) or event.skill_deltas()
+            row = deltas.get(event.skill_id)
+            if row is None:
+                deltas[event.skill_id] = [downloads, all_time, current, 1]
+            else:
+                row[0] += downloads
+                row[1] += all_time
+                row[2] += current
+                row[3] += 1
 
 
 @dataclass

@@ -113,10 +113,11 @@ def _log(message: str) -> None:
 
 
 def _role_loop(bootstrap: str, topic: str, group: str, expected: int, decode_records: bool) -> None:
-    """A bare confluent-kafka consume loop (optionally decoding); prints first/last record times."""
+    """A bare confluent-kafka consume loop (optionally decoding, as the consumers do: one decode_many call per
+    consume() batch); prints first/last record times."""
     from confluent_kafka import Consumer
 
-    from skillstats.contract import decode
+    from skillstats.contract import decode_many
 
     consumer = Consumer(
         {
@@ -137,10 +138,9 @@ def _role_loop(bootstrap: str, topic: str, group: str, expected: int, decode_rec
         if messages and not first:
             first = time.time()
         if decode_records:
-            for message in messages:
-                if message.error() is None:
-                    decode(message.key(), message.value(), now_ms)
-                    seen += 1
+            records = [m for m in messages if m.error() is None]
+            decode_many([m.key() for m in records], [m.value() for m in records], [now_ms] * len(records))
+            seen += len(records)
         else:
             for message in messages:
                 if message.error() is None:
@@ -821,29 +821,27 @@ def workload_names(text: str) -> list[str]:
 
 
 def main_from_cli(args: argparse.Namespace, settings: Settings) -> int:
-    import tempfile
-
     databases: dict[str, str] = {}
-    scratch = tempfile.mkdtemp(prefix="skillstats-bench-")
-    databases["SQLite"] = f"sqlite:///{args.sqlite or Path(scratch) / 'bench.db'}"
-    if args.postgres:
-        databases["PostgreSQL"] = args.postgres
     names = workload_names(args.workload)
-    table = run(
-        settings,
-        events=args.events,
-        skills=args.skills,
-        databases=databases,
-        skip={s.strip() for s in args.skip.split(",") if s.strip()},
-        latency_rate=args.latency_rate,
-        latency_seconds=args.latency_seconds,
-        naive_events=args.naive_events,
-        workloads=[WORKLOADS[n] for n in names],
-    )
-    if args.soak_events:
-        table += "\n\n" + soak(
-            settings, databases.get("PostgreSQL", databases["SQLite"]), args.soak_events, args.skills
+    with tempfile.TemporaryDirectory(prefix="skillstats-bench-") as scratch:
+        databases["SQLite"] = f"sqlite:///{args.sqlite or Path(scratch) / 'bench.db'}"
+        if args.postgres:
+            databases["PostgreSQL"] = args.postgres
+        table = run(
+            settings,
+            events=args.events,
+            skills=args.skills,
+            databases=databases,
+            skip={s.strip() for s in args.skip.split(",") if s.strip()},
+            latency_rate=args.latency_rate,
+            latency_seconds=args.latency_seconds,
+            naive_events=args.naive_events,
+            workloads=[WORKLOADS[n] for n in names],
         )
+        if args.soak_events:
+            table += "\n\n" + soak(
+                settings, databases.get("PostgreSQL", databases["SQLite"]), args.soak_events, args.skills
+            )
     print(table)
     if args.output:
         args.output.write_text(table + "\n")

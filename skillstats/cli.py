@@ -219,6 +219,13 @@ def build_parser() -> argparse.ArgumentParser:
     windows.add_argument(
         "--fetch-size", type=_positive, default=10_000, help="most records per fetch from Kafka (default 10000)"
     )
+    windows.add_argument(
+        "--partition-fetch-mib",
+        type=_positive,
+        default=4,
+        help="most MiB one fetch brings per partition (default 4); the worker may hold this much compressed data "
+        "per partition it owns, and below 4 it waits on the broker more (docs/performance.md)",
+    )
     _shutdown_option(windows)
     windows.add_argument(
         "--log-level",
@@ -570,6 +577,7 @@ def cmd_windows(args: argparse.Namespace, settings: Settings) -> int:
         log_level=args.log_level,
         batch_size=args.batch_size,
         fetch_size=args.fetch_size,
+        partition_fetch_mib=args.partition_fetch_mib,
         instance_id=args.instance_id,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,

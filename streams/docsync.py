@@ -42,7 +42,7 @@ from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer,
 from sqlalchemy import insert, update
 
 from skillstats.config import Settings
-from skillstats.contract import Invalid, decode
+from skillstats.contract import decode_many
 from skillstats.dlq import H_REPLAYED_REASON, REJECTED_BY_DATABASE
 from skillstats.kafka import KafkaUnreachable, end_offsets
 from skillstats.metrics import drain_finished, serve
@@ -242,6 +242,17 @@ class DocSync:
                 finished.discard(tp.partition)
             c.unassign()
 
+        # What take() handed over from one consume() call, per partition, to decode in one
+        # call per partition (skillstats.contract.decode_many) before the next consume():
+        # a revocation is only ever served inside consume(), so a partition's records
+        # reach its deltas before it can be revoked, and revoked ones are dropped whole.
+        taken: dict[int, tuple[PartitionDeltas, list[bytes | None], list[bytes | None], list[int | None]]] = {}
+
+        def add_taken() -> None:
+            for part, keys, values, stamps in taken.values():
+                part.add_decoded(*decode_many(keys, values, stamps))
+            taken.clear()
+
         def take(message: Message) -> None:
             partition = message.partition()
             part = parts.get(partition)
@@ -278,13 +289,12 @@ class DocSync:
                     finish(consumer, partition)
                 return
             ts_type, ts = message.timestamp()
-            decoded = decode(message.key(), message.value(), ts if ts_type != TIMESTAMP_NOT_AVAILABLE else None)
-            if isinstance(decoded, Invalid):
-                part.invalid += 1
-                reason = decoded.reason.value
-                part.invalid_reasons[reason] = part.invalid_reasons.get(reason, 0) + 1
-            else:
-                part.add(decoded)
+            columns = taken.get(partition)
+            if columns is None or columns[0] is not part:
+                columns = taken[partition] = (part, [], [], [])
+            columns[1].append(message.key())
+            columns[2].append(message.value())
+            columns[3].append(ts if ts_type != TIMESTAMP_NOT_AVAILABLE else None)
             part.events += 1
             part.next_offset = offset + 1
             summary.events_read += 1
@@ -313,8 +323,11 @@ class DocSync:
                         break
                 if not assigned_once.is_set() and time.monotonic() > deadline_assign:
                     raise RuntimeError("no partitions were assigned within 60 s; is the group stuck rebalancing?")
-                for message in consumer.consume(want, timeout=0.5):
-                    take(message)
+                try:
+                    for message in consumer.consume(want, timeout=0.5):
+                        take(message)
+                finally:
+                    add_taken()
             summary.stopped_reason = reason
             return consumer, parts
         except Exception:

@@ -61,14 +61,15 @@ T = TypeVar("T")
 # /healthz fails when the event loop has not turned for this long: long enough for
 # a stop-the-world moment (a full GC, a slow rebalance callback), short of a hang.
 LOOP_STALL_SECONDS = 30.0
-# Most bytes one fetch brings per partition (aiokafka's max_partition_fetch_bytes,
-# faust's consumer_max_fetch_size; 1 MiB by default). aiokafka keeps one fetch
-# request per broker in flight, and at 1 MiB a partition a worker that had caught up
-# with its last fetch waited for the next one: the sink thread idled a fifth of the
-# time on a preloaded topic and the bench's steady rate was 1.3-1.5x lower (docs/
-# performance.md). Memory stays bounded by the whole fetch's cap (aiokafka's
-# fetch_max_bytes, 50 MiB), whatever the number of partitions assigned.
-PARTITION_FETCH_BYTES = 8 * 1024 * 1024
+# Default of --partition-fetch-mib: most MiB one fetch brings per partition
+# (aiokafka's max_partition_fetch_bytes, faust's consumer_max_fetch_size, 1 MiB in
+# both). aiokafka keeps one fetch request per broker in flight, and at 1 MiB a
+# partition the worker, once through its last fetch, waited for the next one: on a
+# preloaded topic the sink thread idled a fifth of the time and the bench's steady
+# rate was 1.3-1.5x lower (docs/performance.md, 12.). The cost is memory: aiokafka
+# holds up to one unread fetch per assigned partition (compressed), so up to this
+# many MiB times the partitions a worker owns, on top of the pending batch.
+PARTITION_FETCH_MIB = 4
 
 
 class FetchedRecord(Protocol):
@@ -129,8 +130,8 @@ def decode_batch(fetched: Mapping[int, Sequence[FetchedRecord]]) -> DecodedBatch
         newest = max(map(_OCCURRED_AT, filter(None, events)), default=None)
         if newest is not None:
             newest_event[partition] = newest
-        newest = max(filter(_NOT_NONE, stamps), default=None)
-        if newest is not None:
+        newest = max(filter(_NOT_NONE, stamps), default=-1)
+        if newest >= 0:  # -1: Kafka's "no timestamp", not a time
             newest_record[partition] = newest
     return DecodedBatch(parts, parcels, newest_event, newest_record)
 
@@ -175,7 +176,7 @@ class WindowsPipeline:
             rejected.append(record)
             raw = next(r for r in fetched[record.partition] if r.offset == record.offset)
             parcel = Parcel(
-                RawRecord(raw.partition, raw.offset, raw.key, raw.value),
+                RawRecord(record.partition, raw.offset, raw.key, raw.value),
                 REJECTED_BY_DATABASE,
                 str(exc),
                 replayed_from(raw),
@@ -538,6 +539,7 @@ def build_app(
     *,
     batch_size: int = 50_000,
     fetch_size: int = 10_000,
+    partition_fetch_mib: int = PARTITION_FETCH_MIB,
     shutdown_budget: float = DEFAULT_BUDGET_S,
     instance_id: str | None = None,
 ) -> WindowsApp:
@@ -552,7 +554,7 @@ def build_app(
         consumer_auto_offset_reset="earliest",
         stream_wait_empty=False,
         broker_max_poll_records=fetch_size,
-        consumer_max_fetch_size=PARTITION_FETCH_BYTES,
+        consumer_max_fetch_size=partition_fetch_mib * 1024 * 1024,
         # Static membership: a worker restarted under the same id (a crashed container
         # in the same pod) takes its partitions back at once, instead of the whole
         # group waiting a session timeout for the dead member to be declared gone.

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -108,16 +109,15 @@ def test_two_drains_at_once_apply_everything_once(
     from skillstats.streams import docsync as docsync_module
 
     settings, records, rows = loaded
-    real_decode = docsync_module.decode
+    real_decode_many = docsync_module.decode_many
     decoded = [0]
 
-    def slow_decode(key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> object:
-        decoded[0] += 1
-        if decoded[0] % 10 == 0:
-            time.sleep(0.002)
-        return real_decode(key, value, timestamp_ms)
+    def slow_decode_many(keys: Any, values: Any, timestamps: Any) -> Any:
+        decoded[0] += len(keys)
+        time.sleep(0.0002 * len(keys))
+        return real_decode_many(keys, values, timestamps)
 
-    monkeypatch.setattr(docsync_module, "decode", slow_decode)
+    monkeypatch.setattr(docsync_module, "decode_many", slow_decode_many)
     first: list[DrainSummary] = []
     reader = threading.Thread(target=lambda: first.append(DocSync(settings).drain()), daemon=True)
     reader.start()
