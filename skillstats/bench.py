@@ -240,7 +240,7 @@ def _role_naive_faust(bootstrap: str, topic: str, group: str) -> None:
 
 def _measure(
     name: str,
-    argv: list[str],
+    argv: list[str] | list[list[str]],
     env: dict[str, str],
     events: int,
     done: Callable[[], bool] | None,
@@ -250,26 +250,39 @@ def _measure(
 ) -> Result:
     """Run `argv` until it exits (done=None) or `done()` holds; time it, read its CPU time and peak RSS.
 
-    `rows`, asked once `done()` holds and before the process is stopped, says how many SQL rows it wrote.
+    `argv` may be several command lines (with `done`): processes started together
+    and measured as one consumer, their CPU times summed, the largest peak RSS.
+    `rows`, asked once `done()` holds and before the processes are stopped, says
+    how many SQL rows they wrote.
     """
     _log(f"{name}: starting")
     started = time.monotonic()
-    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    argvs: list[list[str]] = argv if isinstance(argv[0], list) else [argv]  # type: ignore[assignment,list-item]
+    processes = [
+        subprocess.Popen(line, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for line in argvs
+    ]
+    process = processes[0]
     first_at = 0.0
     rows_upserted = None
     if done is not None:
         while not done():
             if first_progress is not None and not first_at and first_progress():
                 first_at = time.monotonic()
-            if process.poll() is not None:
-                raise RuntimeError(f"{name} exited early with status {process.returncode}")
+            for running in processes:
+                if running.poll() is not None:
+                    raise RuntimeError(f"{name} exited early with status {running.returncode}")
             time.sleep(0.05)
         finished = time.monotonic()
         rows_upserted = rows() if rows is not None else None
-        process.terminate()
-    _pid, status, usage = os.wait4(process.pid, 0)
+        for running in processes:
+            running.terminate()
+    cpu_seconds, peak_rss_mb = 0.0, 0.0
+    for running in processes:
+        _pid, status, usage = os.wait4(running.pid, 0)
+        running.returncode = os.waitstatus_to_exitcode(status)
+        cpu_seconds += usage.ru_utime + usage.ru_stime
+        peak_rss_mb = max(peak_rss_mb, usage.ru_maxrss / 1024)
     output = process.stdout.read() if process.stdout else ""
-    process.returncode = os.waitstatus_to_exitcode(status)
     if done is None:
         finished = time.monotonic()
         if process.returncode != 0:
@@ -278,16 +291,7 @@ def _measure(
         steady = float(fields["last"]) - float(fields["first"])
     else:
         steady = finished - (first_at or started)
-    result = Result(
-        name,
-        events,
-        finished - started,
-        steady,
-        usage.ru_maxrss / 1024,
-        note,
-        usage.ru_utime + usage.ru_stime,
-        rows_upserted,
-    )
+    result = Result(name, events, finished - started, steady, peak_rss_mb, note, cpu_seconds, rows_upserted)
     _log(
         f"{name}: {result.rate:,.0f} events/s steady, {result.cpu_per_million:.1f} CPU s per million, "
         f"{result.wall_seconds:.1f}s wall, {result.peak_rss_mb:.0f} MiB"
@@ -301,21 +305,22 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _scraped_rows(port: int, events: int) -> Callable[[], int]:
-    """Rows the worker serving metrics on `port` says its upserts wrote (skillstats_rows_upserted_total).
+def _scraped_rows(ports: list[int], events: int) -> Callable[[], int]:
+    """Rows the workers serving metrics on `ports` say their upserts wrote (skillstats_rows_upserted_total).
 
-    Read once its batches account for all `events` (skillstats_batch_records_sum): the
+    Read once their batches account for all `events` (skillstats_batch_records_sum): the
     fences move in the transaction, the metrics just after it.
     """
 
     def scrape() -> dict[str, float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-            body = response.read().decode()
         totals: dict[str, float] = {}
-        for line in body.splitlines():
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name in ("skillstats_rows_upserted_total", "skillstats_batch_records_sum"):
-                totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        for port in ports:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+                body = response.read().decode()
+            for line in body.splitlines():
+                name = line.split("{", 1)[0].split(" ", 1)[0]
+                if name in ("skillstats_rows_upserted_total", "skillstats_batch_records_sum"):
+                    totals[name] = totals.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
         return totals
 
     def rows() -> int:
@@ -638,34 +643,32 @@ def run(
             if role not in skip:
                 argv = [python, "-m", "skillstats.bench", role, bench.kafka_bootstrap, topic, group(), str(events)]
                 results.append(_measure(f"{name}", argv, env, events, None))
-        for label, url in databases.items():
-            if "windows" in skip:
-                break
-            engine = open_engine(url)
-            upgrade(engine)
-            windows = bench.override(windows_group=group(), database_url=url)
-            sink = WindowsSink(engine, windows.windows_group, topic)
-            port = _free_port()
-            results.append(
-                _measure(
-                    f"c. skillstats windows ({label})",
-                    [
-                        python,
-                        "-m",
-                        "skillstats.cli",
-                        "windows",
-                        "--metrics-host",
-                        "127.0.0.1",
-                        "--metrics-port",
-                        str(port),
-                    ],
-                    windows.child_env(env),
-                    events,
-                    _caught_up_sql(sink, ends),
-                    _any_sql_progress(sink),
-                    rows=_scraped_rows(port, events),
+        for workers, case in ((1, "windows"), (2, "two-workers")):
+            for label, url in databases.items():
+                if case in skip:
+                    break
+                engine = open_engine(url)
+                upgrade(engine)
+                windows = bench.override(windows_group=group(), database_url=url)
+                sink = WindowsSink(engine, windows.windows_group, topic)
+                ports: list[int] = []
+                while len(ports) < workers:  # distinct, though the kernel may hand one out twice
+                    if (port := _free_port()) not in ports:
+                        ports.append(port)
+                worker = [python, "-m", "skillstats.cli", "windows", "--metrics-host", "127.0.0.1", "--metrics-port"]
+                name = f"c. skillstats windows ({label})" if workers == 1 else f"h. two windows workers ({label})"
+                results.append(
+                    _measure(
+                        name,
+                        [[*worker, str(port)] for port in ports],
+                        windows.child_env(env),
+                        events,
+                        _caught_up_sql(sink, ends),
+                        _any_sql_progress(sink),
+                        note="" if workers == 1 else "one group, the partitions split between two processes",
+                        rows=_scraped_rows(ports, events),
+                    )
                 )
-            )
         for label, url in databases.items():
             if "librdkafka-sink" in skip:
                 break
@@ -792,7 +795,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--skip",
         default="",
-        help="comma-separated: bare,decode,windows,librdkafka-sink,docsync,naive,perftest,latency",
+        help="comma-separated: bare,decode,windows,two-workers,librdkafka-sink,docsync,naive,perftest,latency",
     )
     parser.add_argument(
         "--naive-events",

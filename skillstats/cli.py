@@ -274,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="For each workload (steady, backfill), preload a fresh topic and measure, in one run, each "
         "consumer from a cold start to caught up: (a) a bare confluent-kafka loop, the ceiling; (b) the loop plus "
         "decoding; (c) skillstats windows and (d) a docsync drain, on SQLite and PostgreSQL; (e) a naive faust agent "
-        "updating a windowed Table per event; (f) Kafka's own kafka-consumer-perf-test. Each row gives events/s, "
+        "updating a windowed Table per event; (f) Kafka's own kafka-consumer-perf-test; (g) the windows sink behind a "
+        "confluent-kafka loop; (h) two windows workers in one group. Each row gives events/s, "
         "the ratio to (a), CPU seconds per million events and SQL rows upserted/s. Then publish-to-SQL latency at a "
         "steady offered load. See docs/performance.md.",
     )

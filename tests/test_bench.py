@@ -46,6 +46,8 @@ def test_bench_smoke(settings: Settings, database_url: str, tmp_path: object) ->
         "b. loop + decode/validate",
         "c. skillstats windows (SQLite)",
         "c. skillstats windows (PostgreSQL)",
+        "h. two windows workers (SQLite)",
+        "h. two windows workers (PostgreSQL)",
         "d. skillstats docsync drain (SQLite)",
         "d. skillstats docsync drain (PostgreSQL)",
         "g. librdkafka loop + the windows sink (SQLite)",
@@ -57,9 +59,9 @@ def test_bench_smoke(settings: Settings, database_url: str, tmp_path: object) ->
             row = next((cells for name, cells in rows.items() if name.startswith(case)), None)
             assert row, f"{workload}: no row for {case} in:\n{result.stdout}"
             assert parse_number(row["events/s (steady)"]) > 0
-            if case.startswith(("a.", "b.", "c.", "d.", "g.")):
+            if case.startswith(("a.", "b.", "c.", "d.", "g.", "h.")):
                 assert parse_number(row["CPU s per million events"]) > 0, row
-            if case.startswith(("c.", "d.")):
+            if case.startswith(("c.", "d.", "h.")):
                 # Every event of the workload lands in some row: at least one row per
                 # transaction, never more rows than events per table (two tables each).
                 assert 0 < parse_number(row["SQL rows upserted/s"]) <= 2 * parse_number(row["events/s (steady)"]), row
