@@ -655,12 +655,19 @@ def run(
                 while len(ports) < workers:  # distinct, though the kernel may hand one out twice
                     if (port := _free_port()) not in ports:
                         ports.append(port)
-                worker = [python, "-m", "skillstats.cli", "windows", "--metrics-host", "127.0.0.1", "--metrics-port"]
+                worker = [python, "-m", "skillstats.cli", "windows", "--metrics-host", "127.0.0.1"]
                 name = f"c. skillstats windows ({label})" if workers == 1 else f"h. two windows workers ({label})"
                 results.append(
                     _measure(
                         name,
-                        [[*worker, str(port)] for port in ports],
+                        # Two workers get static membership ids, as pods do (deploy/k8s): both
+                        # join the group's first generation instead of the second forcing a
+                        # rebalance of the first's partitions a few seconds in.
+                        [
+                            [*worker, "--metrics-port", str(port)]
+                            + ([] if workers == 1 else ["--instance-id", f"{windows.windows_group}-{i}"])
+                            for i, port in enumerate(ports)
+                        ],
                         windows.child_env(env),
                         events,
                         _caught_up_sql(sink, ends),
