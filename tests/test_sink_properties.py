@@ -148,6 +148,21 @@ def engine_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         yield from _fresh_postgres_database(request.getfixturevalue("postgres_admin_url"))
 
 
+SIX_DOWNLOADS: Log = {0: [(o, ConsumedRecord(0, o, StatEvent(f"e{o}", "sk_a", "download", BASE))) for o in range(6)]}
+
+
+def refetched(pending: int, refetch: int, shape: int) -> list[tuple[str, int, int, int]]:
+    """Apply 0-3; fetch `pending` more; seek back to the fence keeping them; fetch `refetch`; apply in `shape`."""
+    return [
+        ("fetch", 0, 0, 4),
+        ("apply", 0, 0, 0),
+        ("fetch", 0, 0, pending),
+        ("seek_keep", 0, 0, 0),
+        ("fetch", 0, 0, refetch),
+        ("apply", 0, 0, shape),
+    ]
+
+
 def test_any_consumer_history_counts_every_record_once(engine_url: str) -> None:
     engine = open_engine(engine_url)
     upgrade(engine)
@@ -158,41 +173,11 @@ def test_any_consumer_history_counts_every_record_once(engine_url: str) -> None:
     @given(log=logs(), history=actions)
     # The production case, always tried: records fetched before a rebalance stay
     # pending while the consumer seeks back and fetches them again behind them.
-    @example(
-        log={0: [(o, ConsumedRecord(0, o, StatEvent(f"e{o}", "sk_a", "download", BASE))) for o in range(6)]},
-        history=[
-            ("fetch", 0, 0, 4),
-            ("apply", 0, 0, 0),
-            ("fetch", 0, 0, 2),
-            ("seek_keep", 0, 0, 0),
-            ("fetch", 0, 0, 9),
-            ("apply", 0, 0, 0),
-        ],
-    )
+    @example(log=SIX_DOWNLOADS, history=refetched(pending=2, refetch=9, shape=0))
     # The same, handed as columns (4, 4, 5: a repeat next to itself) and as pieces
     # (4 | 5 | 4, 5: a repeat only across two entries of one partition).
-    @example(
-        log={0: [(o, ConsumedRecord(0, o, StatEvent(f"e{o}", "sk_a", "download", BASE))) for o in range(6)]},
-        history=[
-            ("fetch", 0, 0, 4),
-            ("apply", 0, 0, 0),
-            ("fetch", 0, 0, 1),
-            ("seek_keep", 0, 0, 0),
-            ("fetch", 0, 0, 9),
-            ("apply", 0, 0, 1),
-        ],
-    )
-    @example(
-        log={0: [(o, ConsumedRecord(0, o, StatEvent(f"e{o}", "sk_a", "download", BASE))) for o in range(6)]},
-        history=[
-            ("fetch", 0, 0, 4),
-            ("apply", 0, 0, 0),
-            ("fetch", 0, 0, 2),
-            ("seek_keep", 0, 0, 0),
-            ("fetch", 0, 0, 2),
-            ("apply", 0, 0, 2),
-        ],
-    )
+    @example(log=SIX_DOWNLOADS, history=refetched(pending=1, refetch=9, shape=1))
+    @example(log=SIX_DOWNLOADS, history=refetched(pending=2, refetch=2, shape=2))
     def check(log: Log, history: list[tuple[str, int, int, int]]) -> None:
         with engine.begin() as connection:
             for table in (skill_daily_stats, skill_hourly_stats, partition_fences):
