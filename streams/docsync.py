@@ -289,9 +289,7 @@ class DocSync:
                     finish(consumer, partition)
                 return
             ts_type, ts = message.timestamp()
-            columns = taken.get(partition)
-            if columns is None or columns[0] is not part:
-                columns = taken[partition] = (part, [], [], [])
+            columns = taken.setdefault(partition, (part, [], [], []))  # emptied after every consume()
             columns[1].append(message.key())
             columns[2].append(message.value())
             columns[3].append(ts if ts_type != TIMESTAMP_NOT_AVAILABLE else None)
