@@ -95,13 +95,14 @@ class DocStatsSink(PartitionFences):
         now = now_utc_naive()
         with self.engine.begin() as connection:
             locked = self.lock(connection, [d.partition for d in drained], now)
+            self.check_owner(connection)
             fences = {p: row.next_offset for p, row in locked.items()}
             mine = []
             for part in drained:
                 if fences[part.partition] != part.start:
                     log.warning(
-                        "partition %d: fence moved from %d to %d while this drain read it; another drain "
-                        "applied it, so this one does not",
+                        "partition %d: fence moved from %d to %d while this drain read it (another drain applied "
+                        "it, or the database went back in time), so this one does not apply it",
                         part.partition,
                         part.start,
                         fences[part.partition],

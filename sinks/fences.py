@@ -12,24 +12,39 @@ fence can sit. A batch replayed after a crash reads the DLQ from that mark to
 find what it parked before it died, so a record is parked once (see
 skillstats.dlq).
 
-A fence above the partition's log end means the log is not the one the
-database counted (the topic was recreated or truncated, or the database was
-restored from elsewhere). Records below such a fence would be skipped as
-"already applied" for ever, so the consumers refuse to run (`FenceAheadOfLog`)
-until an operator chooses with `skillstats fences reset`.
+The fence is also the position: on every assignment a consumer reads each
+partition from its fence (`begin_reading`), never from Kafka's committed
+offset, which a restored database, a lost SQLite tail or an admin's offset
+reset leaves ahead of it. Against the partition's log as it is now:
+
+- a fence inside the log is where reading starts, and nothing is jumped over;
+- a fence below the log start means retention deleted records before they were
+  applied: they are lost, for good. The fence is moved up to the log start in a
+  transaction of its own that also adds them to the row's `offsets_lost`, and
+  the consumer logs it at ERROR and counts it (`records_lost_to_retention`); it
+  is never inferred from a gap in a batch;
+- a partition without a fence row starts at the log start (a row is created
+  there);
+- a fence above the log end means the log is not the one the database counted
+  (the topic was recreated or truncated, or the database restored from another
+  cluster). Records below such a fence would be skipped as "already applied"
+  for ever, so the consumers refuse to run (`FenceAheadOfLog`) until an
+  operator chooses with `skillstats fences reset`. (A recreated topic that has
+  already grown past the fence is caught by its topic id: sinks/identity.py.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, bindparam, select, update
+from sqlalchemy import Connection, Engine, and_, bindparam, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from skillstats.sinks.schema import partition_fences
+from skillstats.sinks.identity import Owner, mismatch, owner_of, record, record_topic_id
+from skillstats.sinks.schema import dlq_replays, partition_fences, rejected_records
 
 DlqMark = tuple[int, int]  # (DLQ partition, DLQ offset to read parked parcels from)
 RESET_TOKEN = "RESET_FENCES"
@@ -39,6 +54,16 @@ RESET_TOKEN = "RESET_FENCES"
 class FenceRow:
     next_offset: int
     dlq_mark: DlqMark | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadStart:
+    """Where a partition's reading starts (its fence after `begin_reading`) and what that took."""
+
+    partition: int
+    offset: int
+    lost: tuple[int, int] | None = None  # [first, end) deleted by retention before it was applied, now passed
+    created: bool = False  # there was no fence row: it starts at the log start
 
 
 class FenceAheadOfLog(RuntimeError):
@@ -74,10 +99,83 @@ _FENCE_COLUMNS = select(
 class PartitionFences:
     """One consumer group's per-partition fences on one topic, in SQL."""
 
+    # Set once the consumer has claimed its role (sinks/identity.py): every transaction that
+    # writes counts then checks, before it writes, that the database still names this owner.
+    owner: Owner | None = None
+
     def __init__(self, engine: Engine, group_id: str, topic: str) -> None:
         self.engine = engine
         self.group_id = group_id
         self.topic = topic
+
+    def check_owner(self, connection: Connection) -> None:
+        """Raise IdentityMismatch when the database's owner of this group's role is no longer `owner`."""
+        if self.owner is not None:
+            mismatch(owner_of(connection, self.owner.role), self.owner)
+
+    def begin_reading(
+        self, logs: Mapping[int, tuple[int, int]], now: datetime, owner: Owner | None = None
+    ) -> dict[int, ReadStart]:
+        """Where to read each partition of `logs` (partition -> (log start, log end)) from: its fence.
+
+        One transaction: a missing fence row is created at the log start, a fence
+        below the log start is moved up to it (counting the offsets lost), and a
+        fence past the log end raises FenceAheadOfLog with nothing changed. Once the
+        fences fit the log, `owner`'s topic id is recorded if its role has none yet.
+        """
+        wanted = sorted(logs)
+        if not wanted:
+            return {}
+        with self.engine.begin() as connection:
+            created = self._create(connection, wanted, now, {p: logs[p][0] for p in wanted})
+            existing = self._locked(connection, wanted)
+            ahead = {p: (row.next_offset, logs[p][1]) for p, row in existing.items() if row.next_offset > logs[p][1]}
+            if ahead:
+                raise FenceAheadOfLog(self.group_id, self.topic, ahead)
+            if owner is not None and owner.topic_id is not None:
+                record_topic_id(connection, owner, now)
+            starts: dict[int, ReadStart] = {}
+            moved = []
+            for p in wanted:
+                fence, log_start = existing[p].next_offset, logs[p][0]
+                if fence < log_start:
+                    moved.append({"p": p, "n": log_start, "lost": log_start - fence})
+                    starts[p] = ReadStart(p, log_start, lost=(fence, log_start))
+                else:
+                    starts[p] = ReadStart(p, fence, created=p in created)
+            if moved:
+                connection.execute(
+                    update(partition_fences)
+                    .where(self._mine(), partition_fences.c.partition == bindparam("p"))
+                    .values(
+                        next_offset=bindparam("n"),
+                        offsets_lost=partition_fences.c.offsets_lost + bindparam("lost"),
+                        updated_at=now,
+                    ),
+                    moved,
+                )
+            return starts
+
+    def record_rejected(self, connection: Connection, records: Sequence[tuple[int, int]], now: datetime) -> None:
+        """Inside the transaction whose fences pass them: the records the database refused (parked)."""
+        dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
+        connection.execute(
+            dialect.insert(rejected_records).on_conflict_do_nothing(),
+            [
+                {"group_id": self.group_id, "topic": self.topic, "partition": p, "offset": o, "rejected_at": now}
+                for p, o in records
+            ],
+        )
+
+    def offsets_lost(self) -> dict[int, int]:
+        """Per partition, offsets retention deleted before this group applied them (only partitions with any)."""
+        with self.engine.connect() as connection:
+            found = connection.execute(
+                select(partition_fences.c.partition, partition_fences.c.offsets_lost).where(
+                    self._mine(), partition_fences.c.offsets_lost > 0
+                )
+            )
+            return {p: n for p, n in found}
 
     def fences(self) -> dict[int, int]:
         """Next offset to apply, per partition this group has written."""
@@ -91,19 +189,51 @@ class PartitionFences:
     def _mine(self) -> Any:
         return and_(partition_fences.c.group_id == self.group_id, partition_fences.c.topic == self.topic)
 
-    def lock(self, connection: Connection, partitions: Iterable[int], now: datetime) -> dict[int, FenceRow]:
-        """Create missing fence rows at 0, then lock the rows (in partition order: no deadlocks) and read them."""
+    def lock(
+        self,
+        connection: Connection,
+        partitions: Iterable[int],
+        now: datetime,
+        create_at: Mapping[int, int] | None = None,
+        create_none_of: Iterable[int] = (),
+    ) -> dict[int, FenceRow]:
+        """Create missing fence rows (at `create_at`, else 0; none for `create_none_of`), then lock the rows
+        (in partition order: no deadlocks) and read them."""
         wanted = sorted(set(partitions))
+        creating = sorted(set(wanted) - set(create_none_of))
+        if creating:
+            self._create(connection, creating, now, create_at or {})
+        elif wanted and connection.dialect.name == "sqlite":
+            # Still a write first, so SQLite takes its write lock before any fence is read (sinks/db.py).
+            self._create(connection, [], now, {})
+        return self._locked(connection, wanted)
+
+    def _create(self, connection: Connection, wanted: list[int], now: datetime, at: Mapping[int, int]) -> set[int]:
+        """Insert the missing fence rows; returns the partitions whose rows this created.
+
+        With none wanted on SQLite, a write that changes nothing still takes the write lock."""
+        dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
+        if not wanted:
+            connection.execute(
+                update(partition_fences).where(self._mine(), partition_fences.c.partition == -1).values(next_offset=0)
+            )
+            return set()
+        rows = [
+            {
+                "group_id": self.group_id,
+                "topic": self.topic,
+                "partition": p,
+                "next_offset": at.get(p, 0),
+                "updated_at": now,
+            }
+            for p in wanted
+        ]
+        statement = dialect.insert(partition_fences).values(rows).on_conflict_do_nothing()
+        return set(connection.execute(statement.returning(partition_fences.c.partition)).scalars())
+
+    def _locked(self, connection: Connection, wanted: list[int]) -> dict[int, FenceRow]:
         if not wanted:
             return {}
-        dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
-        connection.execute(
-            dialect.insert(partition_fences).on_conflict_do_nothing(),
-            [
-                {"group_id": self.group_id, "topic": self.topic, "partition": p, "next_offset": 0, "updated_at": now}
-                for p in wanted
-            ],
-        )
         found = connection.execute(
             _FENCE_COLUMNS.where(self._mine(), partition_fences.c.partition.in_(wanted))
             .order_by(partition_fences.c.partition)
@@ -155,15 +285,35 @@ class PartitionFences:
                 marked,
             )
 
-    def reset(self, targets: Mapping[int, int], dlq_marks: Mapping[int, DlqMark], now: datetime) -> None:
-        """Set fences outright (an operator's explicit choice, see `skillstats fences reset`).
+    def reset(
+        self,
+        targets: Mapping[int, int],
+        dlq_marks: Mapping[int, DlqMark],
+        now: datetime,
+        owner: Owner | None = None,
+        replaced: bool = False,
+    ) -> None:
+        """Set fences outright (an operator's explicit choice, see `skillstats fences reset`), and record `owner`
+        (the group, the topic and its id as they are now) as its role's, in the same transaction.
 
         The DLQ marks move to the DLQ's current end: parcels already there belong to
         the records before the reset (a recreated topic reuses their offsets), and
-        must not pass for parcels of the records to come.
+        must not pass for parcels of the records to come. For a `replaced` topic, what
+        SQL knows by position in the old one is forgotten too: where replayed copies
+        landed (a new record there is no copy; its root stays replayed, never sent
+        again) and which records its database refused.
         """
         with self.engine.begin() as connection:
             self.lock(connection, targets, now)
+            if owner is not None:
+                record(connection, owner, now)
+            if replaced:
+                connection.execute(
+                    update(dlq_replays)
+                    .where(or_(dlq_replays.c.source_topic == self.topic, dlq_replays.c.source_topic.is_(None)))
+                    .values(copy_partition=None, copy_offset=None)
+                )
+                connection.execute(rejected_records.delete().where(rejected_records.c.topic == self.topic))
             connection.execute(
                 update(partition_fences)
                 .where(self._mine(), partition_fences.c.partition == bindparam("p"))

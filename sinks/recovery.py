@@ -29,8 +29,18 @@ import psycopg
 from sqlalchemy.exc import DBAPIError, StatementError
 
 from skillstats.retry import Backoff
-from skillstats.sinks.batch import ApplyOutcome, ConsumedRecord, FencedSink, Prepared, in_offset_order
+from skillstats.sinks.batch import (
+    ApplyOutcome,
+    ConsumedRecord,
+    FencedSink,
+    PartitionBatch,
+    Prepared,
+    by_partition,
+    canonical,
+    split_in_two,
+)
 from skillstats.sinks.fences import DlqMark
+from skillstats.sinks.identity import IdentityMismatch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -147,32 +157,42 @@ def apply_with_recovery(
     a data error is put in offset order and halved until the offending record is
     alone; that record is handed to `park_rejected` and the fence is moved past it.
     Halves of a batch in offset order hold, per partition, a lower and a higher
-    range, applied in that order, so each fence still moves only over what is in SQL.
+    range, applied in that order, so each fence still moves only over what is in SQL
+    (sinks/batch.py, split_in_two). `records` as ConsumedRecords: each partition's
+    read is taken to start at its lowest offset (by_partition).
+
+    `NotOwned` raised by `park_rejected` (the partition was revoked meanwhile) ends
+    the batch there: what was applied stays, the rest is left to the next owner.
     """
     backoff = backoff or Backoff()
     health = health or Health()
     outcome = ApplyOutcome()
-    pending: list[Sequence[ConsumedRecord] | Prepared] = [records]
+    first: Sequence[PartitionBatch] | Prepared = records if isinstance(records, Prepared) else by_partition(records)
+    # (a chunk, the records in it the database refused and that were parked)
+    pending: list[tuple[Sequence[PartitionBatch] | Prepared, tuple[tuple[int, int], ...]]] = [(first, ())]
     marks = dlq_marks
     attempt = 0
     while pending:
-        chunk = pending.pop()
+        chunk, refused = pending.pop()
         try:
-            outcome.merge(sink.apply(chunk, marks))
+            outcome.merge(sink.apply(chunk, marks, rejected=refused))
             marks = None
             attempt = 0
             health.ok()
             continue
+        except IdentityMismatch:
+            raise  # not this batch's fault, and no retry cures it: the worker stops (exit 2)
         except Exception as exc:
-            items = chunk.records if isinstance(chunk, Prepared) else chunk
-            isolatable = is_data_error(exc) and any(r.event is not None for r in items)
+            parts = canonical(chunk.parts if isinstance(chunk, Prepared) else chunk)
+            size = sum(len(part.offsets) for part in parts)
+            isolatable = is_data_error(exc) and any(e is not None for part in parts for e in part.events)
             if not isolatable:
                 if max_transient_retries is not None and attempt >= max_transient_retries:
                     raise
                 health.failing(exc)
-                log.warning("database error, retry %d of a batch of %d: %s", attempt + 1, len(items), describe(exc))
+                log.warning("database error, retry %d of a batch of %d: %s", attempt + 1, size, describe(exc))
                 outcome.retries += 1
-                pending.append(chunk)
+                pending.append((chunk, refused))
                 if backoff.sleep(attempt, stop):
                     raise Abandoned("shutdown while retrying a batch") from exc
                 attempt += 1
@@ -181,9 +201,9 @@ def apply_with_recovery(
             # The batch's DLQ marks assume its fences reach the batch end; a half may
             # not, so they are not stored (the lower marks already stored stay: safe).
             marks = None
-            ordered = in_offset_order(items)
-            if len(ordered) == 1:
-                record = ordered[0]
+            if size == 1:
+                (part,) = [part for part in parts if part.offsets]
+                record = ConsumedRecord(part.partition, part.offsets[0], part.events[0])
                 log.error(
                     "database rejected %s partition %d offset %d: %s",
                     sink.topic,
@@ -191,13 +211,33 @@ def apply_with_recovery(
                     record.offset,
                     describe(exc),
                 )
-                parked_marks = park_rejected(record, exc)
+                try:
+                    parked_marks = park_rejected(record, exc)
+                except NotOwned as lost:
+                    log.info("%s; %d chunk(s) of the batch left to the next owner", lost, len(pending))
+                    return outcome
                 outcome.parked += 1
-                pending.append([ConsumedRecord(record.partition, record.offset, None)])
+                # The same chunk, the record now counting nothing: the fence moves past it, and the
+                # transaction that moves it records the record as refused (skipped, not counted).
+                pending.append(
+                    (
+                        [
+                            PartitionBatch(p.partition, p.offsets, [None] * len(p.offsets), p.since, p.until)
+                            for p in parts
+                        ],
+                        (*refused, (record.partition, record.offset)),
+                    )
+                )
                 if parked_marks:
                     marks = {**(marks or {}), **parked_marks}
                 continue
-            middle = len(ordered) // 2
-            pending.append(ordered[middle:])
-            pending.append(ordered[:middle])
+            lower, upper = split_in_two(parts)
+            pending.append((upper, refused))
+            pending.append((lower, refused))
     return outcome
+
+
+class NotOwned(Exception):
+    """The partition a record must be parked for was revoked: parking it now could park it twice.
+
+    Not a RuntimeError: the DLQ's retry loop retries those, and this one must end it."""

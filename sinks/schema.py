@@ -69,6 +69,22 @@ partition_fences = Table(
     # The windows group's DLQ mark (see sinks/fences.py); NULL until it first parks.
     Column("dlq_partition", Integer, nullable=True),
     Column("dlq_next_offset", BigInteger, nullable=True),
+    # Offsets the fence was moved over because retention deleted them before they were
+    # applied (a fence below the log start): lost, and counted here rather than hidden.
+    _counter("offsets_lost"),
+)
+
+# Whose counts these are (sinks/identity.py): per role, the one consumer group that writes
+# its tables, the topic it reads and that topic's Kafka id (KIP-516; NULL until first seen).
+consumers = Table(
+    "skillstats_consumers",
+    metadata,
+    Column("role", Text, primary_key=True),  # windows | docsync
+    Column("group_id", Text, nullable=False),
+    Column("topic", Text, nullable=False),
+    Column("topic_id", Text, nullable=True),
+    Column("registered_at", DateTime, nullable=False),
+    Column("updated_at", DateTime, nullable=False),
 )
 
 # One row per `skillstats docsync` run: the seed's lease row made visible. A run
@@ -91,9 +107,23 @@ docsync_runs = Table(
     Column("pid", Integer, nullable=True),
 )
 
-# One row per copy `skillstats dlq replay` published, keyed by the record's root parcel
-# (its first one in the DLQ) and the replay's number for that root, unique: the DLQ
-# and these rows together say whether a copy was counted (skillstats/dlq_admin.py).
+# The records the windows group's database refused (parked as rejected_by_database), written
+# in the transaction that moves the fence past them: the proof that such a record was skipped,
+# not counted, which a replay into the windows tables requires (skillstats/dlq_admin.py).
+rejected_records = Table(
+    "skillstats_rejected_records",
+    metadata,
+    Column("group_id", Text, primary_key=True),
+    Column("topic", Text, primary_key=True),
+    Column("partition", Integer, primary_key=True),
+    Column("offset", BigInteger, primary_key=True),
+    Column("rejected_at", DateTime, nullable=False),
+)
+
+# One row per replay of a record by `skillstats dlq replay`, keyed by the record's root,
+# the source record it was parked from (topic, partition, offset), and the replay's number
+# for that root, unique: these rows and where the copies landed say whether a copy was
+# counted (skillstats/dlq_admin.py). The DLQ address is the parcel the copy was made from.
 dlq_replays = Table(
     "skillstats_dlq_replays",
     metadata,
@@ -102,8 +132,22 @@ dlq_replays = Table(
     Column("dlq_partition", Integer, nullable=False),
     Column("dlq_offset", BigInteger, nullable=False),
     Column("replay_number", Integer, nullable=False),
+    Column("source_topic", Text, nullable=True),  # NULL only on rows written before revision 0005
     Column("source_partition", Integer, nullable=True),
     Column("source_offset", BigInteger, nullable=True),
+    Column("reason", Text, nullable=True),
+    # Where the copy landed in the events topic, once the broker acknowledged it (NULL:
+    # not known, or applied to the windows tables directly: no copy was published).
+    Column("copy_partition", Integer, nullable=True),
+    Column("copy_offset", BigInteger, nullable=True),
     Column("replayed_at", DateTime, nullable=False),
     Index("ux_skillstats_dlq_replays_root", "dlq_topic", "dlq_partition", "dlq_offset", "replay_number", unique=True),
+    Index(
+        "ux_skillstats_dlq_replays_source",
+        "source_topic",
+        "source_partition",
+        "source_offset",
+        "replay_number",
+        unique=True,
+    ),
 )

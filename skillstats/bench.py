@@ -45,6 +45,7 @@ from skillstats.contract import make_event
 from skillstats.kafka import committed_offsets, end_offsets, ensure_topics
 from skillstats.publisher import Publisher
 from skillstats.sinks.db import open_engine
+from skillstats.sinks.identity import DOCSYNC, WINDOWS, release
 from skillstats.sinks.migrate import upgrade
 from skillstats.sinks.windows import WindowsSink
 from skillstats.workload import generate
@@ -160,7 +161,7 @@ def _role_librdkafka_sink(bootstrap: str, topic: str, group: str, database_url: 
 
     from confluent_kafka import Consumer
 
-    from skillstats.streams.windows import decode_batch
+    from skillstats.sinks.pipeline import decode_batch
 
     class Fetched(NamedTuple):
         partition: int
@@ -185,6 +186,9 @@ def _role_librdkafka_sink(bootstrap: str, topic: str, group: str, database_url: 
         }
     )
     consumer.subscribe([topic])
+    # A fresh topic read from its start by a fresh group: each partition's read starts at 0
+    # and goes on where the last batch ended (no rebalance is expected in a measurement).
+    read_to: dict[int, int] = {}
     while True:
         messages = consumer.consume(10_000, timeout=1.0)
         fetched: dict[int, list[Fetched]] = {}
@@ -194,7 +198,9 @@ def _role_librdkafka_sink(bootstrap: str, topic: str, group: str, database_url: 
                     Fetched(m.partition(), m.offset(), m.timestamp()[1], m.key(), m.value(), m.headers() or [])
                 )
         if fetched:
-            sink.apply(sink.prepare(decode_batch(fetched).parts))
+            since = {p: read_to.get(p, 0) for p in fetched}
+            read_to.update({p: records[-1].offset + 1 for p, records in fetched.items()})
+            sink.apply(sink.prepare(decode_batch(fetched, since).parts))
 
 
 def _role_naive_faust(bootstrap: str, topic: str, group: str) -> None:
@@ -340,6 +346,7 @@ def _measure_docsync(name: str, settings: Settings, database_url: str, group: st
 
     engine = open_engine(database_url)
     upgrade(engine)
+    release(engine, DOCSYNC)  # every case is a new group and topic in the scratch database
     _ensure_registry_rows(engine, events)
     drained = settings.override(docsync_group=group, database_url=database_url)
     _log(f"{name}: starting")
@@ -457,6 +464,7 @@ def _latency(settings: Settings, database_url: str, rate: int, seconds: int) -> 
     ensure_topics(lat, {lat.topic: PARTITIONS, lat.dlq_topic: 1})
     engine = open_engine(database_url)
     upgrade(engine)
+    release(engine, WINDOWS)
     worker = subprocess.Popen(
         [sys.executable, "-m", "skillstats.cli", "windows", "--metrics-port", "0"],
         env=lat.child_env(),
@@ -552,6 +560,7 @@ def soak(settings: Settings, database_url: str, events: int, skills: int) -> str
             publisher.send_raw(record.key, record.value)
     engine = open_engine(database_url)
     upgrade(engine)
+    release(engine, WINDOWS)
     sink = WindowsSink(engine, soaked.windows_group, topic)
     total = sum(end_offsets(soaked, topic).values())
     worker = subprocess.Popen(
@@ -649,6 +658,7 @@ def run(
                     break
                 engine = open_engine(url)
                 upgrade(engine)
+                release(engine, WINDOWS)  # every case is a new group and topic in the scratch database
                 windows = bench.override(windows_group=group(), database_url=url)
                 sink = WindowsSink(engine, windows.windows_group, topic)
                 ports: list[int] = []

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -37,7 +37,7 @@ from skillstats.kafka import Headers, RawRecord
 from skillstats.publisher import producer_config
 from skillstats.retry import Backoff
 from skillstats.sinks.fences import DlqMark
-from skillstats.sinks.recovery import Abandoned, Health
+from skillstats.sinks.recovery import Abandoned, Health, NotOwned
 
 log = logging.getLogger(__name__)
 
@@ -141,20 +141,23 @@ class DeadLetters:
         batch_end: Mapping[int, int],
         stop: threading.Event | None = None,
         health: Health | None = None,
+        owns: Callable[[int], bool] | None = None,
     ) -> MarkUpdates:
         """Park the parcels not parked already; returns the DLQ marks to store with the fences.
 
         `marks` holds the stored mark of each source partition (None: never parked);
         `batch_end` one past the highest offset of each partition in the batch.
         A broker outage is retried (capped backoff, `health` degraded meanwhile)
-        until it ends or `stop` is set.
+        until it ends or `stop` is set. `owns` is asked right before each send:
+        NotOwned when a parcel's source partition was revoked meanwhile (its next
+        owner parks it), nothing of that attempt sent.
         """
         if not parcels:
             return {}
         attempt = 0
         while True:
             try:
-                updates = self._park_once(parcels, marks, batch_end, stop)
+                updates = self._park_once(parcels, marks, batch_end, stop, owns)
             except (KafkaException, RuntimeError) as exc:
                 if health is not None:
                     health.failing(exc)
@@ -173,6 +176,7 @@ class DeadLetters:
         marks: Mapping[int, DlqMark | None],
         batch_end: Mapping[int, int],
         stop: threading.Event | None,
+        owns: Callable[[int], bool] | None = None,
     ) -> MarkUpdates:
         # Asked every time (a metadata request, only for batches that park): a worker
         # must not target a partition another sees differently after the DLQ grew.
@@ -200,6 +204,9 @@ class DeadLetters:
         fresh = [p for key, p in unique.items() if key not in parked]
         if len(fresh) < len(unique):
             log.info("%d record(s) were parked before (a replayed batch); not parked again", len(unique) - len(fresh))
+        revoked = sorted({p.record.partition for p in fresh if owns is not None and not owns(p.record.partition)})
+        if revoked:
+            raise NotOwned(f"partitions {revoked} were revoked before their records were parked")
         self._send(fresh, target, stop)
         updates: MarkUpdates = {}
         for q in sources:

@@ -1,31 +1,43 @@
 """The operators' side of the dead-letter topic: read what was parked, and replay it (`skillstats dlq`).
 
-Parking is skillstats/dlq.py; this module reads the DLQ and publishes copies
-back to the events topic, for when the cause is gone: a contract widened to
-accept what was refused, a database restored that had refused a record.
+Parking is skillstats/dlq.py; this module reads the DLQ and brings records
+back, for when the cause is gone: a contract widened to accept what was
+refused, a database fixed that had refused a record.
 
-A replay must never make a record count twice. Every copy names its *root*,
-the first parcel of that record (`skillstats.replayed_from`), and a copy that
-is still invalid is parked again with that name kept. So for each root the
-DLQ tells how many of its copies were parked again, and SQL
-(`skillstats_dlq_replays`) how many were published; while every published copy
-came back parked, none was counted. A root is replayed:
+A replay must never make a record count twice, and nothing a publisher can
+write may change what it does. So a record's identity is its *root*: the
+source record it was first parked from, (topic, partition, offset), never a
+header and never an address in the DLQ (a record parked twice, by a worker cut
+off in a rebalance, has two parcels and one root). SQL
+(`skillstats_dlq_replays`, unique per root and replay number) says how many
+times a root was replayed and where each copy landed in the events topic (the
+copy's position, written once the broker acknowledged it). A parcel whose
+source is such a copy position is a copy that was parked again; its root is the
+copy's root. While every published copy of a root came back parked, none was
+counted. A root is replayed:
 
 - the first time, when selected;
-- again only with `--again`, and only when every earlier copy was parked
-  again (a copy that did not come back was counted, or is on its way: a
-  further copy would count twice, so not even `--again` sends one);
-- once per replay, however many of its parcels (the original, copies parked
-  again) the selection holds.
+- again only with `--again`, and only when every earlier copy came back parked
+  (a copy that did not come back was counted, or is on its way, or its
+  position was never recorded: a further copy could count twice, so not even
+  `--again` sends one);
+- once per replay, however many of its parcels the selection holds;
+- only if today's contract accepts it (a copy of a record still invalid would
+  be parked again; `--force` sends it anyway).
+
+A record the windows group's database refused (`rejected_by_database`) is
+valid, and docsync counted it: a copy on the events topic would count twice
+there. It is added to the windows tables directly instead, in one transaction
+with its replay row, so it counts exactly once in each group.
 
 The rows are committed before anything is published, so a replay that dies
 half-way leaves its roots recorded as replayed, never sent twice: at worst a
-copy is missing and the operator sees it (the row says replayed, no copy came
-back, the count did not move). Two replays at once cannot both publish a root:
-each row carries the root's replay number, unique per root. A copy keeps the
-source record's Kafka timestamp (validity depends on it) and carries its
-root's reason, so docsync, which counted the original of a record the windows
-group's database refused, skips such a copy.
+copy is missing and the operator sees it. Two replays at once cannot both
+publish a root: each row carries the root's replay number, unique per root. A
+copy keeps the source record's Kafka timestamp (validity depends on it).
+Headers on copies (`skillstats.replayed_from`, `skillstats.replayed_reason`)
+tell a reader where a copy came from; neither consumer nor this module trusts
+them.
 """
 
 from __future__ import annotations
@@ -37,10 +49,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from skillstats.config import Settings
+from skillstats.contract import StatEvent
 from skillstats.dlq import (
     H_GROUP,
     H_MESSAGE,
@@ -55,7 +68,8 @@ from skillstats.dlq import (
     H_TRUNCATED,
 )
 from skillstats.publisher import PublishError, producer_config
-from skillstats.sinks.schema import dlq_replays
+from skillstats.sinks.recovery import describe
+from skillstats.sinks.schema import dlq_replays, rejected_records
 from skillstats.sinks.upserts import now_utc_naive
 
 
@@ -213,92 +227,160 @@ def counts_by_reason(parked: Iterable[ParkedRecord]) -> dict[str, int]:
     return dict(Counter(r.reason for r in parked).most_common())
 
 
+Root = tuple[str, int, int]  # the source record a parcel is of: (topic, partition, offset)
+
+
 @dataclass
 class ReplayPlan:
-    """What a replay of a selection would do: roots to publish, and roots left out with why."""
+    """What a replay of a selection would do: roots to publish or apply, and roots left out with why."""
 
     publish: list[ParkedRecord] = field(default_factory=list)  # one parcel per root (its payload is the record's)
-    roots: dict[tuple[int, int], ParkedRecord] = field(default_factory=dict)  # root address -> parcel to publish
-    numbers: dict[tuple[int, int], int] = field(default_factory=dict)  # root address -> this replay's number
+    roots: dict[Root, ParkedRecord] = field(default_factory=dict)  # root -> parcel to publish or apply
+    numbers: dict[Root, int] = field(default_factory=dict)  # root -> this replay's number
+    direct: list[Root] = field(default_factory=list)  # roots applied to the windows tables, not published
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (root as text, why)
 
 
-def root_of(record: ParkedRecord, topic: str) -> tuple[int, int] | None:
-    """The DLQ address of the record's first parcel; None when it names another DLQ topic."""
-    if record.replayed_from is None:
-        return record.address
-    name, _, rest = record.replayed_from.rpartition(":")
-    topic_name, _, partition = name.rpartition(":")
-    if topic_name != topic or not partition.isdigit() or not rest.isdigit():
+@dataclass
+class ReplayBook:
+    """What SQL says was replayed: copies published per root, and where each acknowledged copy landed."""
+
+    published: dict[Root, int] = field(default_factory=dict)
+    copies: dict[tuple[int, int], Root] = field(default_factory=dict)  # (partition, offset) in the events topic
+    refused: set[Root] = field(default_factory=set)  # records the windows group's fence passed as refused
+
+
+def label(root: Root) -> str:
+    return f"{root[0]}:{root[1]}:{root[2]}"
+
+
+def root_of(record: ParkedRecord, book: ReplayBook, topic: str) -> Root | None:
+    """The source record the parcel is of: a recorded copy's root, else its own source; None when unknown."""
+    if record.source_partition is None or record.source_offset is None:
         return None
-    return (int(partition), int(rest))
+    if record.source_topic == topic:
+        copied = book.copies.get((record.source_partition, record.source_offset))
+        if copied is not None:
+            return copied
+    return (record.source_topic, record.source_partition, record.source_offset)
 
 
 def plan_replay(
     settings: Settings,
     parked: Sequence[ParkedRecord],
     selection: Sequence[ParkedRecord],
-    replays: Mapping[tuple[int, int], int],
+    book: ReplayBook,
     *,
     again: bool,
+    force: bool = False,
 ) -> ReplayPlan:
     """Decide, per root, whether the selection replays it (see the module docstring)."""
+    from skillstats.contract import Invalid, decode
+    from skillstats.dlq import REJECTED_BY_DATABASE
+
     plan = ReplayPlan()
-    parked_copies = Counter(root_of(r, settings.dlq_topic) for r in parked if r.replayed_from is not None)
+    # Copies parked again, each once however many parcels it has (a copy parked twice came back once).
+    came_back = Counter(
+        book.copies[where]
+        for where in {
+            (r.source_partition, r.source_offset)
+            for r in parked
+            if r.source_topic == settings.topic and (r.source_partition, r.source_offset) in book.copies
+        }
+    )
     for record in selection:
-        root = root_of(record, settings.dlq_topic)
-        label = f"{settings.dlq_topic}:{record.dlq_partition}:{record.dlq_offset}"
+        root = root_of(record, book, settings.topic)
+        address = f"{settings.dlq_topic}:{record.dlq_partition}:{record.dlq_offset}"
         if root is None:
-            plan.skipped.append((label, f"a copy of a record of another DLQ topic ({record.replayed_from})"))
+            plan.skipped.append((address, "its source partition and offset are not in its headers"))
             continue
         if root in plan.roots:
             continue  # one copy per root and replay
-        if record.source_topic != settings.topic:
-            plan.skipped.append((label, f"parked from another topic ({record.source_topic})"))
+        if root[0] != settings.topic:
+            plan.skipped.append((address, f"parked from another topic ({root[0]})"))
             continue
         if record.truncated:
             plan.skipped.append(
                 (
-                    label,
+                    address,
                     f"parked truncated: the whole record is only in {record.source_topic} partition "
                     f"{record.source_partition} offset {record.source_offset}",
                 )
             )
             continue
         if record.reason == "bad_timestamp" and record.timestamp_ms is None:
-            plan.skipped.append((label, "its Kafka timestamp, which its validity depends on, was not kept"))
+            plan.skipped.append((address, "its Kafka timestamp, which its validity depends on, was not kept"))
             continue
-        published, came_back = replays.get(root, 0), parked_copies.get(root, 0)
-        if published > came_back:
+        published, returned = book.published.get(root, 0), came_back.get(root, 0)
+        if published > returned:
             plan.skipped.append(
                 (
-                    f"{settings.dlq_topic}:{root[0]}:{root[1]}",
-                    "replayed before and the copy was not parked again: it "
-                    "counted (or is on its way); another copy would count twice",
+                    label(root),
+                    "replayed before and the copy was not parked again: it counted (or is on its way, or where "
+                    "it landed was never recorded); another copy could count twice",
                 )
             )
             continue
         if published and not again:
             plan.skipped.append(
+                (label(root), "replayed before (its copies were parked again); --again to replay it once more")
+            )
+            continue
+        verdict = decode(record.key, record.value, record.timestamp_ms)
+        if isinstance(verdict, Invalid) and not force:
+            plan.skipped.append(
                 (
-                    f"{settings.dlq_topic}:{root[0]}:{root[1]}",
-                    "replayed before (its copies were parked again); --again to replay it once more",
+                    label(root),
+                    f"today's contract still refuses it ({verdict.reason.value}: {verdict.message[:120]}); a copy "
+                    f"would be parked again. --force publishes it anyway",
+                )
+            )
+            continue
+        direct = record.reason == REJECTED_BY_DATABASE and not isinstance(verdict, Invalid)
+        if direct and root not in book.refused and not force:
+            plan.skipped.append(
+                (
+                    label(root),
+                    "not recorded as skipped by the windows group (its transaction may not have committed, the "
+                    "record read and counted again since, or it was parked by a version before this one): adding "
+                    "it could count it twice. --force adds it anyway",
                 )
             )
             continue
         plan.roots[root] = record
         plan.numbers[root] = published + 1
-        plan.publish.append(record)
+        if direct:
+            plan.direct.append(root)
+        else:
+            plan.publish.append(record)
     return plan
 
 
-def replay_counts(engine: Any, topic: str) -> dict[tuple[int, int], int]:
-    """Root address -> how many copies of it were published, from skillstats_dlq_replays."""
+def replay_book(engine: Any, topic: str) -> ReplayBook:
+    """What skillstats_dlq_replays says of the events topic `topic`'s records."""
+    book = ReplayBook()
     with engine.connect() as connection:
         rows = connection.execute(
-            select(dlq_replays.c.dlq_partition, dlq_replays.c.dlq_offset).where(dlq_replays.c.dlq_topic == topic)
+            select(
+                dlq_replays.c.source_topic,
+                dlq_replays.c.source_partition,
+                dlq_replays.c.source_offset,
+                dlq_replays.c.copy_partition,
+                dlq_replays.c.copy_offset,
+            )
         )
-        return dict(Counter((p, o) for p, o in rows))
+        for source_topic, partition, offset, copy_partition, copy_offset in rows:
+            if partition is None or offset is None:
+                continue
+            root = (source_topic or topic, partition, offset)  # rows from before revision 0005 name no topic
+            book.published[root] = book.published.get(root, 0) + 1
+            if copy_partition is not None and copy_offset is not None:
+                book.copies[(copy_partition, copy_offset)] = root
+        refused = connection.execute(
+            select(rejected_records.c.topic, rejected_records.c.partition, rejected_records.c.offset)
+        )
+        book.refused = {(t, p, o) for t, p, o in refused}
+    return book
 
 
 class ReplayRefused(Exception):
@@ -306,44 +388,70 @@ class ReplayRefused(Exception):
 
 
 def replay(settings: Settings, engine: Any, plan: ReplayPlan, timeout: float = 30.0) -> int:
-    """Record the plan's roots as replayed, then publish one copy each; returns how many the broker acknowledged.
+    """Apply the plan's direct roots, record the rest as replayed, publish one copy each and record where each
+    landed; returns how many were applied or acknowledged.
 
     Raises PublishError when some copies were not acknowledged: they stay
     recorded (never sent twice), and the message says how to undo that.
     """
+    from skillstats.contract import decode
+    from skillstats.sinks.windows import WindowsSink
+
     now = now_utc_naive()
-    try:
+
+    def row(root: Root) -> dict[str, Any]:
+        record = plan.roots[root]
+        return {
+            "dlq_topic": settings.dlq_topic,
+            "dlq_partition": record.dlq_partition,
+            "dlq_offset": record.dlq_offset,
+            "replay_number": plan.numbers[root],
+            "source_topic": root[0],
+            "source_partition": root[1],
+            "source_offset": root[2],
+            "reason": record.reason,
+            "replayed_at": now,
+        }
+
+    applied = 0
+    concurrent = "another replay of the same records ran at the same time; nothing was published"
+    if plan.direct:
+        # Counted and recorded in one transaction: recorded means counted, once.
+        sink = WindowsSink(engine, settings.windows_group, settings.topic)
+        events = [decode(plan.roots[r].key, plan.roots[r].value, plan.roots[r].timestamp_ms) for r in plan.direct]
         with engine.begin() as connection:
-            connection.execute(
-                insert(dlq_replays),
-                [
-                    {
-                        "dlq_topic": settings.dlq_topic,
-                        "dlq_partition": root[0],
-                        "dlq_offset": root[1],
-                        "replay_number": plan.numbers[root],
-                        "source_partition": record.source_partition,
-                        "source_offset": record.source_offset,
-                        "replayed_at": now,
-                    }
-                    for root, record in plan.roots.items()
-                ],
-            )
-    except IntegrityError:
-        raise ReplayRefused("another replay of the same records ran at the same time; nothing was published") from None
-    acknowledged: list[tuple[int, int]] = []
+            try:
+                connection.execute(insert(dlq_replays), [row(root) for root in plan.direct])
+            except IntegrityError:
+                raise ReplayRefused(concurrent) from None
+            try:
+                sink.write(connection, sink.fold([e for e in events if isinstance(e, StatEvent)]), now)
+            except Exception as exc:
+                raise ReplayRefused(
+                    f"the database still refuses {len(plan.direct)} record(s) ({describe(exc)}); nothing was added"
+                ) from None
+        applied = len(plan.direct)
+    published = [root for root in plan.roots if root not in plan.direct]
+    if published:
+        try:
+            with engine.begin() as connection:
+                connection.execute(insert(dlq_replays), [row(root) for root in published])
+        except IntegrityError:
+            raise ReplayRefused(concurrent) from None
+    acknowledged: dict[Root, tuple[int, int]] = {}
     failed: list[str] = []
 
-    def delivered(err: KafkaError | None, _message: Message, root: tuple[int, int]) -> None:
+    def delivered(err: KafkaError | None, message: Message, root: Root) -> None:
         if err is None:
-            acknowledged.append(root)
+            acknowledged[root] = (message.partition(), message.offset())
         else:
-            failed.append(f"{settings.dlq_topic}:{root[0]}:{root[1]} ({err})")
+            failed.append(f"{label(root)} ({err})")
 
     producer = Producer(producer_config(settings))
-    for root, record in plan.roots.items():
+    for root in (r for r in plan.roots if r not in plan.direct):
+        record = plan.roots[root]
         headers = [
-            (H_REPLAYED_FROM, f"{settings.dlq_topic}:{root[0]}:{root[1]}".encode()),
+            (H_REPLAYED_FROM, f"{settings.dlq_topic}:{record.dlq_partition}:{record.dlq_offset}".encode()),
             (H_REPLAYED_REASON, record.reason.encode()),
         ]
         try:
@@ -356,9 +464,24 @@ def replay(settings: Settings, engine: Any, plan: ReplayPlan, timeout: float = 3
                 on_delivery=lambda err, msg, root=root: delivered(err, msg, root),
             )
         except (BufferError, KafkaException) as exc:
-            failed.append(f"{settings.dlq_topic}:{root[0]}:{root[1]} ({exc})")
+            failed.append(f"{label(root)} ({exc})")
         producer.poll(0)
     unsent = producer.flush(timeout)
+    if acknowledged:
+        # Where each copy landed: a parcel of it later is known as a copy parked again,
+        # whatever its headers say.
+        with engine.begin() as connection:
+            for root, (partition, offset) in acknowledged.items():
+                connection.execute(
+                    update(dlq_replays)
+                    .where(
+                        dlq_replays.c.source_topic == root[0],
+                        dlq_replays.c.source_partition == root[1],
+                        dlq_replays.c.source_offset == root[2],
+                        dlq_replays.c.replay_number == plan.numbers[root],
+                    )
+                    .values(copy_partition=partition, copy_offset=offset)
+                )
     if failed or unsent:
         raise PublishError(
             f"{len(acknowledged)} cop(ies) acknowledged; not acknowledged: {len(failed) + unsent} "
@@ -366,4 +489,4 @@ def replay(settings: Settings, engine: Any, plan: ReplayPlan, timeout: float = 3
             f"broker surely has none of them, delete their rows from skillstats_dlq_replays and replay again.",
             len(failed) + unsent,
         )
-    return len(acknowledged)
+    return applied + len(acknowledged)

@@ -6,11 +6,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from skillstats.config import Settings
 
@@ -217,12 +218,112 @@ def refused(error: KafkaError) -> bool:
 _CUT_SHORT = ("transport failure", "Timed out", "timed out", "Disconnected", "Connection refused", "Connection reset")
 
 
+class TopicMissing(LookupError):
+    """The topic a command is set to use does not exist (a typo in a setting, or `skillstats init` not run)."""
+
+    def __init__(self, settings: Settings, topic: str) -> None:
+        super().__init__(f"topic {topic!r} does not exist on {settings.kafka_bootstrap}; run 'skillstats init'")
+
+
 def partition_count(settings: Settings, topic: str, timeout: float = 10.0) -> int:
     """How many partitions `topic` has; a clear error when it does not exist or no broker answers."""
     metadata = list_topic_names(settings, timeout).get(topic)
     if metadata is None or metadata.error is not None:
-        raise LookupError(f"topic {topic!r} does not exist on {settings.kafka_bootstrap}; run 'skillstats init'")
+        raise TopicMissing(settings, topic)
     return len(metadata.partitions)
+
+
+class TopicIds:
+    """A topic's Kafka id (KIP-516), asked of the cluster every time, through one long-lived admin client.
+
+    A topic deleted and created again keeps its name and gets a new id; so does
+    the "same" topic on another cluster. The id is the only way a consumer can
+    tell that the log it reads is not the one its fences count.
+    """
+
+    def __init__(self, settings: Settings, timeout: float = 10.0) -> None:
+        self.settings = settings
+        self.timeout = timeout
+        self._admin: AdminClient | None = None
+
+    def request(self, topic: str) -> Future[Any]:
+        """Ask now, answer later (`answer`): the request runs while the caller does other work."""
+        if self._admin is None:
+            self._admin = AdminClient(self.settings.kafka_config())
+        return self._admin.describe_topics(TopicCollection([topic]), request_timeout=self.timeout)[topic]
+
+    def answer(self, topic: str, future: Future[Any]) -> str | None:
+        """The id (TopicMissing when the topic does not exist; KafkaUnreachable when Kafka did not answer).
+
+        None on a cluster without topic ids (before Kafka 2.8, or ZooKeeper mode without
+        them): its all-zero id says nothing, and only the fences can tell a replaced topic.
+
+        librdkafka sends the request to the controller it knows; when that broker goes
+        down, the same client waits for it to come back (seen here: "Timed out waiting
+        for controller" for as long as it is down), while a new client finds the new
+        one. So after a failure the next request is made by a new client.
+        """
+        try:
+            topic_id = future.result(self.timeout).topic_id
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise TopicMissing(self.settings, topic) from None
+            self._admin = None
+            if isinstance(error, KafkaError) and error.code() in _BROKER_GONE:
+                raise KafkaUnreachable(self.settings, self.timeout, exc) from None
+            raise
+        except TimeoutError as exc:  # the future's own wait
+            self._admin = None
+            raise KafkaUnreachable(self.settings, self.timeout, exc) from None
+        if topic_id.get_most_significant_bits() == 0 and topic_id.get_least_significant_bits() == 0:
+            return None
+        return str(topic_id)
+
+    def get(self, topic: str) -> str | None:
+        """Asked again, by a new client, while Kafka cannot say: right after a broker is killed the
+        cluster still names it until the controller fences it (broker.session.timeout.ms, 9 s by
+        default), for up to _WATERMARK_PATIENCE times the timeout."""
+        deadline = time.monotonic() + _WATERMARK_PATIENCE * self.timeout
+        while True:
+            try:
+                return self.answer(topic, self.request(topic))
+            except KafkaUnreachable:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
+
+
+def topic_configs(settings: Settings, topic: str, names: tuple[str, ...], timeout: float = 10.0) -> dict[str, str]:
+    """The values of the named configuration entries of `topic` (an entry Kafka does not report is left out)."""
+    admin = AdminClient(settings.kafka_config())
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(timeout)
+    return {name: entries[name].value for name in names if name in entries and entries[name].value is not None}
+
+
+# What a topic's configuration does to exactness (checked by `init` and `status`).
+CLEANUP_POLICY, TIMESTAMP_TYPE = "cleanup.policy", "message.timestamp.type"
+
+
+def topic_config_problems(configs: dict[str, str]) -> list[str]:
+    """What is wrong, or worth knowing, in an events topic's configuration; empty when nothing is."""
+    problems = []
+    policy = configs.get(CLEANUP_POLICY, "delete")
+    if {part.strip() for part in policy.split(",")} != {"delete"}:
+        problems.append(
+            f"cleanup.policy is {policy!r}: compaction keeps only the newest record per key (per skill), so it "
+            f"deletes events no group has counted yet; the events topic must use cleanup.policy=delete "
+            f"(kafka-configs.sh --alter --entity-type topics --entity-name TOPIC --add-config cleanup.policy=delete)"
+        )
+    if configs.get(TIMESTAMP_TYPE) == "LogAppendTime":
+        problems.append(
+            "message.timestamp.type is LogAppendTime: a record's timestamp is the broker's clock, not the "
+            "publisher's, and an event whose occurred_at is more than 10 minutes past it is parked as "
+            "bad_timestamp (docs/contract.md, validity); a publisher whose clock runs ahead of the broker's loses "
+            "its events to the DLQ. Keep publishers' clocks in sync, or use CreateTime"
+        )
+    return problems
 
 
 def end_offsets(settings: Settings, topic: str, timeout: float = 10.0) -> dict[int, int]:
@@ -276,14 +377,25 @@ def _watermark(consumer: Consumer, partition: TopicPartition, timeout: float) ->
                 consumer.list_topics(partition.topic, timeout=timeout)
 
 
+def group_members(settings: Settings, group: str, timeout: float = 10.0) -> int:
+    """How many members the consumer group has now (0 for a group Kafka does not know)."""
+    admin = AdminClient(settings.kafka_config())
+    try:
+        described = while_moving(
+            lambda: admin.describe_consumer_groups([group], request_timeout=timeout)[group].result(timeout), timeout
+        )
+    except KafkaException as exc:
+        if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:
+            return 0
+        raise
+    return len(described.members)
+
+
 def commit_offsets(settings: Settings, group: str, topic: str, offsets: dict[int, int], timeout: float = 10.0) -> None:
     """Set a group's committed offsets outright; the group must have no members (its consumers stopped)."""
-    admin = AdminClient(settings.kafka_config())
-    described = while_moving(
-        lambda: admin.describe_consumer_groups([group], request_timeout=timeout)[group].result(timeout), timeout
-    )
-    if described.members:
-        raise RuntimeError(f"group {group!r} has {len(described.members)} active member(s); stop its consumers first")
+    members = group_members(settings, group, timeout)
+    if members:
+        raise RuntimeError(f"group {group!r} has {members} active member(s); stop its consumers first")
     consumer = Consumer(settings.kafka_config(**{"group.id": group, "enable.auto.commit": False}))
     try:
         consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in sorted(offsets.items())], asynchronous=False)

@@ -10,17 +10,21 @@ exporter caches it, so scrapes stay cheap whatever Prometheus' cadence.
 
 Both groups are measured from outside, not by the consumers: the docsync group
 has no members between runs (a CronJob), so only an always-on exporter sees
-how old its backlog is getting. A group's position is the further of its Kafka
-committed offset and its SQL fence: both groups commit to Kafka up to their
-fences after each SQL commit, but a commit that timed out is retried only when
-the partition gets new records, and lag measured from a stale commit would grow
-on a partition that is fully applied.
+how old its backlog is getting. A group's position is its SQL fence, where it
+reads from (docs/contract.md): Kafka's committed offset only stands in while
+the database cannot be read. Both groups commit to Kafka up to their fences
+after each SQL commit, but a commit can trail (one that timed out is retried
+only when the partition gets new records) or run ahead (a database restored
+from a backup, an admin's offset reset), and neither is where the group reads.
 
-Where the group has no committed offset for a partition it is reported as
-missing, never as -1: the group would start at the log's start (both groups
-reset to earliest), so that is where its lag is measured from. A committed
-offset below the log start means retention deleted records the group never
-read; the oldest record it can still read is at the log start.
+Where the group has no fence for a partition it starts at the log's start, so
+that is where its lag is measured from; a missing committed offset is reported
+as missing, never as -1. A fence below the log start means retention deleted
+records the group never applied (`records_lost_to_retention`); the oldest
+record it can still read is at the log start. Offsets already passed that way
+are counted in SQL (`skillstats_consumer_offsets_lost_total`), and whether the
+topic is still the one the counts belong to (its Kafka id against the one the
+database recorded, sinks/identity.py) is `skillstats_topic_identity_mismatch`.
 
 A record at the committed offset may be a transaction marker or part of an
 aborted transaction; the read is read_committed like the groups, so the oldest
@@ -53,14 +57,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
-from skillstats.config import Settings
-from skillstats.kafka import RefusalWatch, cluster_metadata, while_moving
+from skillstats.config import Settings, redact_url
+from skillstats.kafka import RefusalWatch, TopicIds, cluster_metadata, while_moving
 from skillstats.sinks.fences import PartitionFences
+from skillstats.sinks.identity import DOCSYNC, WINDOWS, Owner, owners  # the `role` label: rules match roles
+from skillstats.sinks.recovery import describe
 from skillstats.sinks.schema import docsync_runs
 
 log = logging.getLogger(__name__)
-
-WINDOWS, DOCSYNC = "windows", "docsync"  # the `role` label: alert rules match roles, not group names
 
 
 @dataclass
@@ -83,8 +87,8 @@ class PartitionLag:
 
     @property
     def lost_to_retention(self) -> int:
-        """Offsets retention deleted before the group got to them (0 when none, or when it never started)."""
-        position = max((o for o in (self.committed, self.applied) if o is not None), default=None)
+        """Offsets retention deleted before the group applied them (0 when none, or when it never started)."""
+        position = self.applied if self.applied is not None else self.committed
         return max(0, self.log_start - position) if position is not None else 0
 
 
@@ -112,6 +116,7 @@ class LagSnapshot:
     topic: TopicOffsets
     dlq: TopicOffsets | None
     groups: list[GroupLag]
+    topic_id: str | None = None  # the events topic's Kafka id now
 
 
 NOTHING_PENDING = -1  # oldest_pending: the partition has no record to hand over from there
@@ -125,6 +130,7 @@ class LagProbe:
         self.timeout = timeout
         self.refusals = RefusalWatch()
         self.admin = AdminClient(settings.kafka_config(error_cb=self.refusals))
+        self.topic_ids = TopicIds(settings, timeout)
         # Assign-only readers (never subscribe, never commit): they join no group. One
         # reads what the groups are handed; the other looks past an open transaction.
         self.reader = self._reader("read_committed")
@@ -164,7 +170,7 @@ class LagProbe:
             dlq = None
         seen: dict[tuple[int, int], int] = {}  # (partition, position) -> oldest pending, across groups
         measured = [self.group_lag(group, role, topic, now, seen, (applied or {}).get(group)) for group, role in groups]
-        return LagSnapshot(now, topic, dlq, measured)
+        return LagSnapshot(now, topic, dlq, measured, self.topic_ids.get(self.settings.topic))
 
     def topic_offsets(self, name: str, *, retention: bool = True) -> TopicOffsets:
         metadata = cluster_metadata(self.admin, self.refusals, self.settings, self.timeout, name).topics.get(name)
@@ -221,11 +227,13 @@ class LagProbe:
         for partition, (start, end) in sorted(topic.partitions.items()):
             at = committed.get(partition)
             fence = applied.get(partition) if applied is not None else None
-            # Kafka's commit follows the SQL fence and may trail it (a commit that timed
-            # out is not retried until the partition has new records): what is applied
-            # is consumed, so the further of the two is where the group stands.
-            known = [o for o in (at, fence) if o is not None]
-            position = min(max(max(known) if known else start, start), end)
+            # The fence is where the group reads from; without the database, the commit
+            # stands in (it follows the fence, and trails or leads it only for a while).
+            if applied is not None:
+                known: int | None = fence
+            else:
+                known = at
+            position = min(max(known if known is not None else start, start), end)
             positions[partition] = position
             result.partitions.append(PartitionLag(partition, start, end, at, fence, end - position, None, 0.0))
         wanted = {p: o for p, o in positions.items() if o < topic.partitions[p][1] and (p, o) not in seen}
@@ -362,6 +370,17 @@ EXPORTED: dict[str, tuple[type[Family], str, list[str]]] = {
         "Offsets between the group's position and the log start: deleted before the group read them",
         _PARTITION,
     ),
+    "skillstats_consumer_offsets_lost": (
+        _C,
+        "Offsets the group's fence was moved over because retention deleted them before they were applied (SQL)",
+        _PARTITION,
+    ),
+    "skillstats_topic_identity_mismatch": (
+        _G,
+        "1 when the database says the group's tables belong to another group, or to a topic other than this one "
+        "(by its Kafka id): its consumers refuse to run (skillstats status says why)",
+        ["group", "role", "topic"],
+    ),
     "skillstats_consumer_group_members": (_G, "Members of the consumer group", ["group", "role"]),
     "skillstats_consumer_group_state": (_G, "1 for the group's current state", ["group", "role", "state"]),
     "skillstats_docsync_last_success_timestamp_seconds": (
@@ -406,6 +425,9 @@ class LagExporter(Collector):
         self.database_up = False
         self.docsync_success: datetime | None = None
         self.applied: dict[str, dict[int, int]] = {}
+        self.lost: dict[str, dict[int, int]] = {}
+        self._database_failed = False
+        self.owners: dict[str, Owner] | None = None
         self.last_success = 0.0
         self.measure_seconds = 0.0
         self.loop_beat = time.monotonic()
@@ -464,7 +486,7 @@ class LagExporter(Collector):
         self.loop_beat = time.monotonic()
 
     def read_database(self) -> None:
-        """The groups' SQL fences and the last successful docsync run."""
+        """The groups' SQL fences, offsets lost, the tables' owners and the last successful docsync run."""
         try:
             if self._engine is None:
                 if self.open_database is None:
@@ -475,13 +497,25 @@ class LagExporter(Collector):
                 for group, _role in groups_of(self.settings)
             }
             self.docsync_success = last_docsync_success(self._engine, self.settings.docsync_group)
+            self.lost = {
+                group: PartitionFences(self._engine, group, self.settings.topic).offsets_lost()
+                for group, _role in groups_of(self.settings)
+            }
+            self.owners = owners(self._engine)
             self.applied = fences
             if not self.database_up:
-                log.info("reading fences and docsync runs from the database")
+                again = " again" if self._database_failed else ""
+                log.info("reading fences and docsync runs from %s%s", redact_url(self.settings.database_url), again)
             self.database_up = True
+            self._database_failed = False
         except Exception as exc:
-            if self.database_up or self._engine is None:
-                log.warning("cannot read the database (fences, docsync runs): %s", exc)
+            if not self._database_failed:  # the first failure of a streak, once
+                log.warning(
+                    "cannot read the database %s (fences, docsync runs): %s",
+                    redact_url(self.settings.database_url),
+                    describe(exc),
+                )
+            self._database_failed = True
             self.database_up = False
 
     def describe(self) -> Iterator[Family]:
@@ -515,6 +549,20 @@ class LagExporter(Collector):
                 )
             now = time.time()
             for group in snapshot.groups:
+                if self.owners is not None and snapshot.topic_id is not None:
+                    owner = self.owners.get(group.role)
+                    wrong = owner is not None and (
+                        owner.group_id != group.group
+                        or owner.topic != snapshot.topic.name
+                        or (owner.topic_id is not None and owner.topic_id != snapshot.topic_id)
+                    )
+                    f["skillstats_topic_identity_mismatch"].add_metric(
+                        [group.group, group.role, snapshot.topic.name], 1.0 if wrong else 0.0
+                    )
+                for partition, offsets in self.lost.get(group.group, {}).items():
+                    f["skillstats_consumer_offsets_lost"].add_metric(
+                        [group.group, group.role, snapshot.topic.name, str(partition)], offsets
+                    )
                 f["skillstats_consumer_group_members"].add_metric([group.group, group.role], group.members)
                 f["skillstats_consumer_group_state"].add_metric([group.group, group.role, group.state], 1.0)
                 for lag in group.partitions:

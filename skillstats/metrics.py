@@ -105,6 +105,23 @@ ASSIGNED_PARTITIONS = Gauge(
     "Partitions of the events topic assigned to this worker",
     ["group"],
 )
+RECORDS_LOST = Counter(
+    "skillstats_records_lost_to_retention",
+    "Offsets a group's fence was moved over because retention deleted them before they were applied (lost)",
+    ["group", "topic", "partition"],
+)
+OFFSETS_UNDELIVERED = Counter(
+    "skillstats_offsets_undelivered",
+    "Offsets the fences moved over that held no record the consumer was handed: transaction markers and "
+    "aborted records (read_committed), legitimately",
+    ["group"],
+)
+READS_RESTARTED = Counter(
+    "skillstats_reads_restarted",
+    "Partitions positioned at their SQL fence, by why: assigned, fence_behind (the database went back in "
+    "time: a restore, a failover), out_of_range, stale (records fetched before a seek or a rebalance, dropped)",
+    ["group", "reason"],
+)
 DOCSYNC_RUNS = Counter(
     "skillstats_docsync_runs",
     "Docsync drains run by this process, by result (caught_up, budget, error)",
@@ -199,6 +216,19 @@ class PipelineMetrics:
     def assigned(self, partitions: int) -> None:
         ASSIGNED_PARTITIONS.labels(self.group).set(partitions)
 
+    def undelivered(self, offsets: int) -> None:
+        if offsets:
+            OFFSETS_UNDELIVERED.labels(self.group).inc(offsets)
+
+    def restarted(self, reason: str, partitions: int) -> None:
+        if partitions:
+            READS_RESTARTED.labels(self.group, reason).inc(partitions)
+
+
+def records_lost(group: str, topic: str, partition: int, offsets: int) -> None:
+    """Either group's hook, when it moves a fence over offsets retention deleted before they were applied."""
+    RECORDS_LOST.labels(group, topic, str(partition)).inc(offsets)
+
 
 def drain_finished(
     group: str,
@@ -281,12 +311,19 @@ class MetricsServer:
         self._server.server_close()
 
 
+class PortUnavailable(OSError):
+    """The metrics port cannot be had (taken, or the address is not this host's): a setting to change."""
+
+
 def serve(host: str, port: int, probes: Probes | None = None, registry: CollectorRegistry = REGISTRY) -> MetricsServer:
-    """Start serving; an OSError that names the address when the port is taken."""
+    """Start serving; PortUnavailable, naming the address and the setting, when the port cannot be had."""
     try:
         server = MetricsServer(host, port, probes, registry)
     except OSError as exc:
-        raise OSError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
+        raise PortUnavailable(
+            f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; choose another port with "
+            f"--metrics-port (SKILLSTATS_METRICS_PORT; 0 serves none) or address with --metrics-host"
+        ) from None
     log.info("metrics, /healthz and /readyz on http://%s:%d/", host, server.port)
     return server
 

@@ -2,10 +2,13 @@
 
 Per group: Kafka's view (state, members, committed offsets, lag in records and
 in seconds, measured like the lag-exporter by reading the oldest unconsumed
-record) beside SQL's (the fences, and any fence past its log end, which stops
-the consumers). Then how fresh the windows tables are, the DLQ's size and what
-was parked last, and the last docsync runs. Partitions are listed only where
-something is owed (lag or a fence ahead); `--json` has every partition.
+record) beside SQL's (the fences, any fence past its log end, offsets lost to
+retention). Then whose counts the database holds (the group and the topic, by
+its Kafka id, of each role) and anything that makes the consumers refuse to
+run, what in the topic's configuration loses events, how fresh the windows
+tables are, the DLQ's size and what was parked last, and the last docsync runs.
+Partitions are listed only where something is owed (lag or a fence ahead);
+`--json` has every partition.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from skillstats.config import Settings
+from skillstats.config import Settings, redact_url
 from skillstats.dlq_admin import newest_parked
+from skillstats.kafka import CLEANUP_POLICY, TIMESTAMP_TYPE, TopicIds, topic_config_problems, topic_configs
 from skillstats.lag import groups_of, measure_lag
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.fences import PartitionFences
+from skillstats.sinks.identity import IdentityMismatch, Owner, mismatch, owners
 from skillstats.sinks.migrate import require_current
 from skillstats.sinks.schema import docsync_runs, skill_hourly_stats
 
@@ -52,6 +57,15 @@ def windows_freshness(engine: Any) -> dict[str, str | None]:
     return {"newest_hour": _iso(newest), "last_written": _iso(updated)}
 
 
+def identity_problem(recorded: Owner | None, group: str, role: str, topic: str, topic_id: str) -> str | None:
+    """Why `group` would be refused its role's tables now (None: it would not), in the consumers' own words."""
+    try:
+        mismatch(recorded, Owner(role, group, topic, topic_id))
+    except IdentityMismatch as exc:
+        return str(exc)
+    return None
+
+
 def status(settings: Settings, dlq_rows: int = 5) -> dict[str, Any]:
     engine = open_engine(settings.database_url)
     require_current(engine)
@@ -59,10 +73,17 @@ def status(settings: Settings, dlq_rows: int = 5) -> dict[str, Any]:
         applied = {
             group: PartitionFences(engine, group, settings.topic).fences() for group, _role in groups_of(settings)
         }
+        lost = {
+            group: PartitionFences(engine, group, settings.topic).offsets_lost() for group, _role in groups_of(settings)
+        }
+        recorded = owners(engine)
         snapshot = measure_lag(settings, applied=applied)
+        topic_id = TopicIds(settings).get(settings.topic)
+        configs = topic_configs(settings, settings.topic, (CLEANUP_POLICY, TIMESTAMP_TYPE))
         groups = []
         for group in snapshot.groups:
             fences = applied[group.group]
+            owner = recorded.get(group.role)
             partitions = [
                 {
                     "partition": p.partition,
@@ -87,6 +108,11 @@ def status(settings: Settings, dlq_rows: int = 5) -> dict[str, Any]:
                     "lag_seconds": None if group.lag_seconds is None else round(group.lag_seconds, 3),
                     "applied": sum(fences.values()),
                     "fences_ahead": sorted(p for p, f in fences.items() if f > ends.get(p, 0)),
+                    "offsets_lost": {str(p): n for p, n in sorted(lost[group.group].items())},
+                    "owner": None
+                    if owner is None
+                    else {"group": owner.group_id, "topic": owner.topic, "topic_id": owner.topic_id},
+                    "refused": identity_problem(owner, group.group, group.role, settings.topic, topic_id),
                     "partitions": partitions,
                 }
             )
@@ -102,7 +128,11 @@ def status(settings: Settings, dlq_rows: int = 5) -> dict[str, Any]:
             }
         return {
             "measured_at": _iso(snapshot.measured_at),
+            "kafka": settings.kafka_bootstrap,
+            "database": redact_url(settings.database_url),
             "topic": settings.topic,
+            "topic_id": topic_id,
+            "topic_problems": topic_config_problems(configs),
             "records": sum(end for _start, end in snapshot.topic.partitions.values()),
             "partitions": len(snapshot.topic.partitions),
             "retention_seconds": None if snapshot.topic.retention_ms is None else snapshot.topic.retention_ms / 1000,
@@ -134,8 +164,11 @@ def render(report: dict[str, Any], as_json: bool, partition_lines: int = 12) -> 
         return json.dumps(report, sort_keys=True)
     retention = age(report["retention_seconds"]) if report["retention_seconds"] is not None else "unlimited"
     lines = [
-        f"topic {report['topic']}: {report['partitions']} partitions, {report['records']:,} records ever written, "
-        f"retention {retention} (at {report['measured_at']})",
+        f"topic {report['topic']} (id {report['topic_id'] or 'unknown: the cluster keeps none'}) on {report['kafka']}: "
+        f"{report['partitions']} partitions, "
+        f"{report['records']:,} records ever written, retention {retention} (at {report['measured_at']})",
+        f"database {report['database']}",
+        *(f"  TOPIC CONFIGURATION: {problem}" for problem in report["topic_problems"]),
         "",
         f"  {'group':<24} {'state':<12} {'members':>7} {'applied (SQL)':>14} {'lag records':>12}  lag (oldest pending)",
     ]
@@ -167,6 +200,14 @@ def render(report: dict[str, Any], as_json: bool, partition_lines: int = 12) -> 
             lines.append(
                 f"  FENCE AHEAD OF LOG: {group['group']} partition(s) {group['fences_ahead']}: the topic was recreated "
                 f"or the database restored; the consumers refuse to run (see `skillstats fences --help`)"
+            )
+        if group["refused"]:
+            lines.append(f"  REFUSED: {group['group']} would not run: {group['refused']}")
+        if group["offsets_lost"]:
+            total = sum(group["offsets_lost"].values())
+            where = ", ".join(f"p{p} {n:,}" for p, n in group["offsets_lost"].items())
+            lines.append(
+                f"  LOST TO RETENTION: {group['group']}: {total:,} offset(s) deleted before they were applied ({where})"
             )
     tables = report["windows_tables"]
     lines += [

@@ -1,14 +1,19 @@
 """Consumer group `skillstats-docsync`: the slow, bounded drain into `skills` and `user_skill_stats`.
 
 A plain confluent-kafka consumer, run as a Kubernetes CronJob (one drain, then
-exit) or with `--every` as a long-running loop. One drain: check that no SQL
-fence is past its partition's log end (a recreated topic or a restored database
-must stop the drain loudly, not make it skip records as "already applied"),
-snapshot the end offsets, read every assigned partition from its SQL fence up to
-that snapshot (or until a budget runs out), fold per skill, then apply each
-partition's deltas once, in chunked transactions that also move the fences, and
-commit the same offsets to Kafka after each SQL commit. Nothing is written before
-the reading is done: a drain killed while reading leaves no trace but its run row.
+exit) or with `--every` as a long-running loop. One drain: claim the docsync
+role (the database must name this group and this topic, by its Kafka id:
+sinks/identity.py), check that no SQL fence is past its partition's log end (a
+recreated topic or a database restored from elsewhere must stop the drain
+loudly, not make it skip records as "already applied"), snapshot the end
+offsets, read every assigned partition from its SQL fence (skillstats/positions.py;
+never from Kafka's committed offset) up to that snapshot (or until a budget runs
+out), fold per skill, check the topic's id again, then apply each partition's
+deltas once, in chunked transactions that also move the fences, and commit the
+same offsets to Kafka after each SQL commit (a hint for lag tools). Nothing is
+written before the reading is done: a drain killed while reading leaves no trace
+but its run row. Record headers are never read: a verdict on a record, and
+whether it counts, depend on its key, value and timestamp only.
 
 When is a partition read? Not when the next offset reaches the snapshot's high
 watermark: a transactional producer leaves commit and abort markers, and aborted
@@ -32,33 +37,37 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, TopicPartition
 from sqlalchemy import insert, update
 
 from skillstats.config import Settings
 from skillstats.contract import decode_many
-from skillstats.dlq import H_REPLAYED_REASON, REJECTED_BY_DATABASE
-from skillstats.kafka import KafkaUnreachable, end_offsets
-from skillstats.metrics import drain_finished, serve
+from skillstats.kafka import KafkaUnreachable, TopicMissing, watermarks
+from skillstats.metrics import Probes, drain_finished, serve
+from skillstats.positions import Positions
 from skillstats.retry import Backoff
 from skillstats.shutdown import DEFAULT_BUDGET_S, ShutdownWatchdog
-from skillstats.sinks.db import open_engine
 from skillstats.sinks.docstats import DocStatsSink, PartitionDeltas
 from skillstats.sinks.fences import FenceAheadOfLog, check_within_log
-from skillstats.sinks.migrate import require_current
+from skillstats.sinks.identity import DOCSYNC, IdentityMismatch
 from skillstats.sinks.recovery import describe, is_data_error
 from skillstats.sinks.schema import docsync_runs, skills, user_skill_stats
 from skillstats.sinks.upserts import now_utc_naive
+from skillstats.startup import Starting, wait_for_dependencies
 
 log = logging.getLogger(__name__)
 
 CAUGHT_UP, BUDGET, ERROR = "caught_up", "budget", "error"
+# An operator's decision or a setting to fix, not a failure to retry: the drain stops with
+# exit status 2 and the message says what to do (docs/contract.md).
+REFUSALS = (FenceAheadOfLog, IdentityMismatch, TopicMissing)
 
 
 @dataclass
@@ -73,6 +82,8 @@ class DrainSummary:
     duration_seconds: float = 0.0
     stopped_reason: str = CAUGHT_UP
     error: str | None = None
+    refused: bool = False  # the error is one of REFUSALS: exit status 2
+    records_lost_to_retention: int = 0  # offsets a fence was moved over (deleted before they were applied)
     lost_partitions: list[int] = field(default_factory=list)
     applied_kinds: dict[str, int] = field(default_factory=dict)  # valid events of the partitions applied, by kind
     invalid_reasons: dict[str, int] = field(default_factory=dict)  # of the partitions applied
@@ -101,6 +112,8 @@ class DrainSummary:
             )
         if self.lost_partitions:
             lines.append(f"  left to another drain {sorted(self.lost_partitions)}")
+        if self.records_lost_to_retention:
+            lines.append(f"  LOST to retention     {self.records_lost_to_retention} (deleted before they were applied)")
         if self.error:
             lines.append(f"  error                 {self.error}")
         return "\n".join(lines)
@@ -122,26 +135,49 @@ class DocSync:
     """One consumer, one drain at a time; `stop` (SIGTERM) ends the reading early."""
 
     def __init__(
-        self, settings: Settings, budget: DrainBudget | None = None, stop: threading.Event | None = None
+        self,
+        settings: Settings,
+        budget: DrainBudget | None = None,
+        stop: threading.Event | None = None,
+        engine: Any = None,
     ) -> None:
+        from skillstats.sinks.db import open_engine
+        from skillstats.sinks.migrate import require_current
+
         self.settings = settings
         self.budget = budget or DrainBudget()
         self.stop = stop or threading.Event()
-        self.engine = open_engine(settings.database_url)
-        require_current(self.engine)
+        if engine is None:
+            engine = open_engine(settings.database_url)
+            require_current(engine)
+        self.engine = engine
         self.sink = DocStatsSink(self.engine, settings.docsync_group, settings.topic)
+        self.positions = Positions(settings, DOCSYNC, self.sink)
 
     def drain(self) -> DrainSummary:
         started = time.monotonic()
         summary = DrainSummary()
         summary.run_id = self._open_run()
         try:
+            self.positions.claim()
             ends = self._snapshot()
             consumer, parts = self._read(summary, started, ends)
+            # The topic the records came from is still the one claimed: a topic recreated
+            # while this drain read must not be counted against the old one's fences.
+            try:
+                self.positions.verify_topic()
+            except Exception:
+                consumer.close()
+                raise
             self._apply(consumer, parts, summary)
-        except (FenceAheadOfLog, KafkaUnreachable, LookupError) as exc:
+        except REFUSALS as exc:
             # An operator's decision or a setting to fix, not a bug: the message says what
             # to do, and a traceback would bury it.
+            log.error("%s", exc)
+            summary.stopped_reason = ERROR
+            summary.refused = True
+            summary.error = f"{type(exc).__name__}: {exc}"
+        except KafkaUnreachable as exc:
             log.error("%s", exc)
             summary.stopped_reason = ERROR
             summary.error = f"{type(exc).__name__}: {exc}"
@@ -168,7 +204,7 @@ class DocSync:
         alarm.)
         """
         fences = self.sink.fences()
-        ends = end_offsets(self.settings, self.settings.topic)
+        ends = {p: high for p, (_low, high) in watermarks(self.settings, self.settings.topic).items()}
         check_within_log(self.settings.docsync_group, self.settings.topic, fences, ends)
         return ends
 
@@ -186,7 +222,10 @@ class DocSync:
                 **{
                     "group.id": group,
                     "enable.auto.commit": False,
-                    "auto.offset.reset": "earliest",
+                    # Never a position of librdkafka's choosing: each partition is
+                    # positioned at its fence (or the log start), and a position out of
+                    # range is reported and handled here (see take()).
+                    "auto.offset.reset": "error",
                     # librdkafka's default, said out loud: records of aborted and open
                     # transactions are never counted.
                     "isolation.level": "read_committed",
@@ -212,18 +251,24 @@ class DocSync:
             c.pause([TopicPartition(topic, partition)])
 
         def on_assign(c: Consumer, assignment: list[TopicPartition]) -> None:
-            # The SQL fence, not Kafka's committed offset, says where to read from.
-            fences = self.sink.fences()
+            # The SQL fence, not Kafka's committed offset, says where to read from: a fence
+            # below the log start is moved up to it (those records were lost to retention),
+            # a partition without one starts at the log start (skillstats/positions.py).
+            starts = self.positions.starts(tp.partition for tp in assignment)
             positioned = []
             for tp in assignment:
-                start = fences.get(tp.partition)
-                parts[tp.partition] = PartitionDeltas(tp.partition, start or 0, start or 0)
-                positioned.append(TopicPartition(topic, tp.partition, start if start is not None else OFFSET_BEGINNING))
+                if tp.partition not in starts:
+                    continue
+                start = starts[tp.partition]
+                if start.lost is not None:
+                    summary.records_lost_to_retention += start.lost[1] - start.lost[0]
+                parts[tp.partition] = PartitionDeltas(tp.partition, start.offset, start.offset)
+                positioned.append(TopicPartition(topic, tp.partition, start.offset))
             c.assign(positioned)
             # A pause outlives a revocation: a partition this drain finished (and paused)
             # before a rebalance and gets back after it must be read again from its fence.
             c.resume(positioned)
-            for tp in assignment:
+            for tp in positioned:
                 # Empty, or already read to the snapshot (a partition added after it has end 0;
                 # a fence past it was moved by a later drain): done now. Its EOF event may
                 # never come, or come before anything here would look for it.
@@ -258,6 +303,16 @@ class DocSync:
             part = parts.get(partition)
             error = message.error()
             if error is not None:
+                if error.code() == KafkaError._AUTO_OFFSET_RESET and part is not None:
+                    # The position left the log: retention moved the log start past it while
+                    # this drain read (what lies between is lost; the next drain's positioning
+                    # counts it and moves the fence), or the log was cut or replaced (the topic
+                    # id check before applying, or the next drain's fence check, stops it).
+                    # What was read up to here is applied; nothing more of it now.
+                    log.warning("%s partition %d: position out of range (%s)", topic, partition, error.str())
+                    if partition not in finished:
+                        finish(consumer, partition)
+                    return
                 if error.code() != KafkaError._PARTITION_EOF:
                     raise RuntimeError(f"Kafka: {error}")
                 if part is not None and partition not in finished:
@@ -270,24 +325,8 @@ class DocSync:
             if offset >= end:
                 finish(consumer, partition, offset)  # past the snapshot: everything below it was handed over
                 return
-            if offset < part.start:
-                # The consumer was positioned at the fence and handed something below it:
-                # it was reset to the log's start, so the fence was past the log's end.
-                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-                raise FenceAheadOfLog(group, topic, {partition: (part.start, high)})
             if offset < part.next_offset:
-                return
-            headers = message.headers()
-            if headers and (H_REPLAYED_REASON, REJECTED_BY_DATABASE.encode()) in headers:
-                # A replayed copy of a record the windows group's database refused: this group
-                # counted the original (it parks nothing; it retries until its database
-                # accepts), so the copy is for the windows tables only.
-                part.events += 1
-                part.next_offset = offset + 1
-                summary.events_read += 1
-                if part.next_offset >= end:
-                    finish(consumer, partition)
-                return
+                return  # handed over twice (librdkafka after a seek): the first copy counted
             ts_type, ts = message.timestamp()
             columns = taken.setdefault(partition, (part, [], [], []))  # emptied after every consume()
             columns[1].append(message.key())
@@ -452,14 +491,16 @@ def run(
     metrics_port: int = 0,
     shutdown_budget: float = DEFAULT_BUDGET_S,
 ) -> int:
-    """One drain (exit status 0 unless it failed), or one per `every` seconds until SIGTERM.
+    """One drain (exit status 0; 1 if it failed; 2 if it was refused), or one per `every` seconds until SIGTERM.
 
     SIGTERM stops the reading, lets the chunk being applied commit, leaves the
     rest for the next drain (it reads them again from the fences), and exits
     within `shutdown_budget` seconds, or with status 3 (skillstats/shutdown.py).
 
-    Metrics are served only with `every` (a CronJob's pod lives too briefly to be
-    scraped: the lag-exporter reports the last successful run from SQL instead).
+    With `every`, the process is long-running: until Kafka and the database
+    answer it waits (a line per attempt, /readyz 503), and metrics are served.
+    A single drain serves none (a CronJob's pod lives too briefly to be scraped:
+    the lag-exporter reports the last successful run from SQL instead).
     """
     # SIGTERM and SIGINT are taken by a thread of their own (sigwait), not by a Python
     # signal handler: those run in the main thread only between bytecodes, so a main
@@ -478,12 +519,32 @@ def run(
 
     # Listening before anything can block (opening the database at start-up included).
     threading.Thread(target=on_signals, name="docsync-signals", daemon=True).start()
-    sync = DocSync(settings, budget, stop)
+    last: list[DrainSummary] = []
+    starting = Starting("docsync")
     if every is not None and metrics_port:
-        serve(metrics_host, metrics_port)
+        serve(metrics_host, metrics_port, Probes(starting.live, starting.ready))
+    engine = None
+    if every is not None:
+        try:
+            ready = wait_for_dependencies(settings, DOCSYNC, settings.docsync_group, starting, stop)
+        except REFUSALS as exc:
+            print(f"skillstats docsync: {exc}", file=sys.stderr)
+            return 2
+        if ready is None:
+            return 0
+        engine = ready[0]
+    sync = DocSync(settings, budget, stop, engine)
+
+    def ready_now() -> str | None:
+        if last and not last[-1].ok:
+            return f"the last drain failed: {last[-1].error}"
+        return None
+
+    starting.delegate(lambda: None, ready_now)
     while True:
         began = time.monotonic()
         summary = sync.drain()
+        last[:] = [summary]
         drain_finished(
             settings.docsync_group,
             summary.stopped_reason,
@@ -494,6 +555,8 @@ def run(
             {skills.name: summary.skills_updated, user_skill_stats.name: summary.owners_updated},
         )
         emit(summary)
+        if summary.refused:
+            return 2
         if every is None or sync.stop.is_set():
             return 0 if summary.ok else 1
         if sync.stop.wait(max(0.0, every - (time.monotonic() - began))):

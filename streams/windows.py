@@ -1,23 +1,35 @@
 """Consumer group `skillstats-windows`: per-day and per-hour counts, seconds behind.
 
-A faust-streaming app: faust owns the group membership, the fetcher thread,
-rebalancing, pausing and seeking. What it does not do is touch each record:
-faust's own stream path (a task and an Event per message, an ack per message)
-tops out near 24,000 records/s on this class of machine, far below what the
-broker delivers. So the consumer replaces faust's per-message drain with a
-batch drain: every fetch (up to `broker_max_poll_records` records over all
-partitions) is handed on as one list.
+A faust-streaming app: faust owns the group membership, the fetcher thread and
+rebalancing. What it does not do is touch each record: faust's own stream path
+(a task and an Event per message, an ack per message) tops out near 24,000
+records/s on this class of machine, far below what the broker delivers. So the
+consumer replaces faust's per-message drain with a batch drain: every fetch (up
+to `broker_max_poll_records` records over all partitions) is handed on as one
+list.
 
-Correctness rests on the SQL fence, not on faust's `exactly_once` (docs/contract.md, exactly once):
+Correctness rests on the SQL fence, not on faust's `exactly_once` nor on
+Kafka's committed offsets (docs/contract.md, exactly once):
 
 - each batch (decode, park invalid records, fold, one SQL transaction with the
-  partition fences) runs in one worker thread, in fetch order, while the event
-  loop already gathers the next batch: whatever arrives while the database is
-  busy becomes the next transaction, so batches grow with load and stay small
-  (low latency) when the stream is quiet;
+  partition fences: sinks/pipeline.py) runs in one worker thread, in fetch
+  order, while the event loop already gathers the next batch: whatever arrives
+  while the database is busy becomes the next transaction, so batches grow
+  with load and stay small (low latency) when the stream is quiet;
+- every partition is read from its SQL fence: after each assignment, after an
+  out-of-range fetch, and whenever a transaction finds the fence behind where
+  the read started (the database went back in time: a restored backup, a
+  failover). The drain positions it (`PartitionReads`) before a record of it
+  reaches a batch, and hands on only records fetched after that seek, in the
+  same assignment; each batch says where its read started, and the sink
+  refuses to move a fence over offsets no read covered (sinks/batch.py). The
+  consumer never resets a position by itself (auto_offset_reset "none");
+- the topic's Kafka id is checked at every positioning and before every
+  batch's transaction, and the database's record of which group owns the
+  windows tables inside it (sinks/identity.py): a recreated topic or a renamed
+  group stops the worker (exit 2) before anything is counted against it;
 - offsets are committed to Kafka only after the SQL commit, and only up to the
-  fence (`FencedConsumer`), so a kill or a rebalance at any point can cause a
-  replay, which the fence skips, and never a gap.
+  fence: a hint for lag tools (`kafka-consumer-groups`), never a position.
 """
 
 from __future__ import annotations
@@ -25,39 +37,41 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
+import itertools
 import logging
-import operator
+import logging.config
 import os
-import queue
+import signal
 import ssl
 import sys
 import tempfile
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol, TypeVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import faust
+from aiokafka.consumer.fetcher import FetchError
+from aiokafka.errors import ConsumerStoppedError, NoOffsetForPartitionError, OffsetOutOfRangeError
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
+from sqlalchemy import Engine
 
 from skillstats.config import MaskSecrets, Settings, redact_url
-from skillstats.contract import decode_many
-from skillstats.dlq import H_REPLAYED_FROM, REJECTED_BY_DATABASE, DeadLetters, MarkUpdates, Parcel
-from skillstats.kafka import RawRecord, end_offsets
-from skillstats.metrics import PipelineMetrics, Probes, serve, watch_health
+from skillstats.dlq import DeadLetters
+from skillstats.kafka import TopicMissing
+from skillstats.metrics import PipelineMetrics, Probes, serve
+from skillstats.positions import Positions
 from skillstats.retry import Backoff
-from skillstats.shutdown import DEFAULT_BUDGET_S, LEAVE_RESERVE_S, ShutdownWatchdog, batch_budget
-from skillstats.sinks.batch import ApplyOutcome, ConsumedRecord, PartitionBatch
-from skillstats.sinks.db import open_engine
-from skillstats.sinks.fences import FenceAheadOfLog, check_within_log
-from skillstats.sinks.migrate import require_current
-from skillstats.sinks.recovery import Health, apply_with_recovery, retrying
+from skillstats.shutdown import DEFAULT_BUDGET_S, ShutdownWatchdog, batch_budget
+from skillstats.sinks.fences import FenceAheadOfLog
+from skillstats.sinks.identity import WINDOWS, IdentityMismatch, Owner
+from skillstats.sinks.pipeline import BatchSink, Chunk, Ownership, WindowsPipeline
 from skillstats.sinks.windows import WindowsSink
+from skillstats.startup import Starting, wait_for_dependencies
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 # /healthz fails when the event loop has not turned for this long: long enough for
 # a stop-the-world moment (a full GC, a slow rebalance callback), short of a hang.
 LOOP_STALL_SECONDS = 30.0
@@ -70,294 +84,263 @@ LOOP_STALL_SECONDS = 30.0
 # holds up to one unread fetch per assigned partition (compressed), so up to this
 # many MiB times the partitions a worker owns, on top of the pending batch.
 PARTITION_FETCH_MIB = 4
+# What stops the worker with exit status 2: an operator's decision or a setting to fix,
+# never a reason to count (docs/contract.md). The message says what to do.
+REFUSALS = (FenceAheadOfLog, IdentityMismatch, TopicMissing)
+# How often a worker checks its claim (the topic's id, the database's owner) besides every
+# assignment and every batch: what a worker with nothing to read would otherwise miss.
+WATCH_SECONDS = 10.0
 
 
-class FetchedRecord(Protocol):
-    """What the batch drain needs of a record: aiokafka's ConsumerRecord and RawRecord both fit."""
+@dataclass(slots=True)
+class Reading:
+    """One partition's read since it was last positioned at its SQL fence."""
 
-    partition: int
-    offset: int
-    timestamp: int | None
-    key: bytes | None
-    value: bytes | None
-    headers: Sequence[tuple[str, bytes | None]]
-
-
-def replayed_from(raw: FetchedRecord) -> bytes | None:
-    """The H_REPLAYED_FROM header of a record `skillstats dlq replay` published, if it is one."""
-    for name, value in raw.headers or ():
-        if name == H_REPLAYED_FROM:
-            return value
-    return None
+    since: int  # the offset it was positioned at
+    assignment: Any  # aiokafka's Assignment object the seek was made in
+    step: int  # the consumer thread's step counter at the seek
+    next: int  # one past the last offset handed on
 
 
-class DecodedBatch(NamedTuple):
-    parts: list[PartitionBatch]
-    parcels: list[Parcel]  # the invalid records, for the DLQ
-    newest_event_ms: dict[int, int]  # partition -> newest occurred_at of a valid event
-    newest_record_ms: dict[int, int]  # partition -> newest Kafka timestamp
+class PartitionReads:
+    """Where each assigned partition's read stands, and positioning those that have none (at their fences).
 
-
-def decode_batch(fetched: Mapping[int, Sequence[FetchedRecord]]) -> DecodedBatch:
-    """Decode a batch, kept per partition; invalid records become fence-only entries plus parcels for the DLQ.
-
-    Validity is a function of the record alone (its key, value and Kafka
-    timestamp), so this group and docsync always agree on it. Records are read
-    into columns and decoded in one call per partition: no object per record
-    beyond the event itself.
-    """
-    parts: list[PartitionBatch] = []
-    parcels: list[Parcel] = []
-    newest_event: dict[int, int] = {}
-    newest_record: dict[int, int] = {}
-    for partition, raws in fetched.items():
-        if not raws:
-            continue
-        stamps = [raw.timestamp for raw in raws]
-        events, invalid = decode_many([raw.key for raw in raws], [raw.value for raw in raws], stamps)
-        for index, why in invalid:
-            raw = raws[index]
-            parcels.append(
-                Parcel(
-                    RawRecord(partition, raw.offset, raw.key, raw.value),
-                    why.reason.value,
-                    why.message,
-                    replayed_from(raw),
-                    raw.timestamp,
-                )
-            )
-        parts.append(PartitionBatch(partition, [raw.offset for raw in raws], events))
-        newest = max(map(_OCCURRED_AT, filter(None, events)), default=None)
-        if newest is not None:
-            newest_event[partition] = newest
-        newest = max(filter(_NOT_NONE, stamps), default=-1)
-        if newest >= 0:  # -1: Kafka's "no timestamp", not a time
-            newest_record[partition] = newest
-    return DecodedBatch(parts, parcels, newest_event, newest_record)
-
-
-_OCCURRED_AT = operator.attrgetter("occurred_at")
-_NOT_NONE = functools.partial(operator.is_not, None)
-
-
-class WindowsPipeline:
-    """The synchronous work for one batch; runs in the sink thread."""
-
-    def __init__(self, sink: WindowsSink, dead_letters: DeadLetters) -> None:
-        self.sink = sink
-        self.dead_letters = dead_letters
-        self.stop = threading.Event()
-        self.health = Health()
-        self.metrics = PipelineMetrics(sink.group_id)
-        watch_health(sink.group_id, self.health)
-
-    def process(self, fetched: Mapping[int, Sequence[FetchedRecord]]) -> ApplyOutcome:
-        """Decode, park the invalid, fold and apply one batch (partition -> its records in fetch order)."""
-        began = time.perf_counter()
-        parts, parcels, newest_event_ms, newest_record_ms = decode_batch(fetched)
-        prepared = self.sink.prepare(parts)  # the fold, and each partition's end, once
-        marks: MarkUpdates = {}
-        if parcels:
-            # A record below its fence was parked (and acknowledged) before the fence
-            # first moved past it; one above may have been parked by a worker that
-            # died before its commit: DeadLetters reads the DLQ from the marks.
-            rows = retrying(self.sink.rows, "reading the fences", self.health, self.stop)
-            stored = {p: row.dlq_mark for p, row in rows.items()}
-            parcels = [
-                p
-                for p in parcels
-                if p.record.offset >= (rows[p.record.partition].next_offset if p.record.partition in rows else 0)
-            ]
-            marks = self.dead_letters.park(parcels, stored, prepared.end, self.stop, self.health)
-
-        rejected: list[ConsumedRecord] = []
-
-        def park_rejected(record: ConsumedRecord, exc: BaseException) -> MarkUpdates:
-            rejected.append(record)
-            raw = next(r for r in fetched[record.partition] if r.offset == record.offset)
-            parcel = Parcel(
-                RawRecord(record.partition, raw.offset, raw.key, raw.value),
-                REJECTED_BY_DATABASE,
-                str(exc),
-                replayed_from(raw),
-            )
-            rows = retrying(self.sink.rows, "reading the fences", self.health, self.stop)
-            current = {p: row.dlq_mark for p, row in rows.items()}
-            return self.dead_letters.park(
-                [parcel], current, {record.partition: record.offset + 1}, self.stop, self.health
-            )
-
-        outcome = apply_with_recovery(
-            self.sink, prepared, park_rejected, stop=self.stop, health=self.health, dlq_marks=marks
-        )
-        outcome.parked += len(parcels)
-        self.metrics.batch(outcome, prepared.count, time.perf_counter() - began)
-        self.metrics.invalid(Counter(p.reason for p in parcels), parked=True)
-        self.metrics.parked(REJECTED_BY_DATABASE, len(rejected))
-        self.metrics.newest(newest_event_ms, newest_record_ms)
-        return outcome
-
-
-class SinkThread:
-    """One daemon thread running the batches, in order.
-
-    A daemon (unlike a ThreadPoolExecutor's worker) cannot hold the process past
-    its shutdown budget while a database call hangs: the budget decides, and what
-    the abandoned batch had not committed is replayed by the next owner.
+    aiokafka hands over a partition's records only from its current position in
+    its current assignment, and moves that position only when told (a seek) or
+    by consuming: with no automatic reset, a read positioned at the fence and
+    accepted only while the assignment it was made in lasts, and only from
+    fetches that ran after the seek, is one contiguous read from the fence. The
+    seek and every fetch run in aiokafka's own thread, where a step counter
+    orders them; records from a fetch that ran before the seek, or in another
+    assignment, are dropped and the partition positioned again.
     """
 
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[[], Any]]]
-        self._jobs = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="windows-sink", daemon=True).start()
-
-    def submit(self, job: Callable[[], T]) -> asyncio.Future[T]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put((loop, future, job))
-        return future
-
-    def _run(self) -> None:
-        while True:
-            loop, future, job = self._jobs.get()
-            try:
-                result = job()
-            except BaseException as exc:  # handed to the awaiting coroutine
-                loop.call_soon_threadsafe(_settle, future, None, exc)
-            else:
-                loop.call_soon_threadsafe(_settle, future, result, None)
-
-
-def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-    if future.cancelled():
-        return
-    if exc is not None:
-        future.set_exception(exc)
-    else:
-        future.set_result(result)
-
-
-class BatchSink:
-    """Feeds fetched records to the pipeline one transaction at a time, in fetch order.
-
-    At most one batch is in the database; records fetched meanwhile wait in
-    `pending`, kept per partition, and form the next batch. When a rebalance
-    moves a partition to another consumer its pending records are dropped (they
-    were never applied, and the new owner reads them again from the committed
-    offset, which is never past the fence); a partition that stays keeps them,
-    since its fetch position may not be rewound (it is not, for a partition with
-    no committed offset yet), and dropping them would leave a gap. When `pending`
-    reaches `max_pending`, the fetcher waits for the database (backpressure), so
-    memory stays bounded.
-    """
-
-    def __init__(self, app: WindowsApp, pipeline: WindowsPipeline, topic: str, max_pending: int) -> None:
+    def __init__(self, app: WindowsApp, positions: Positions, sink: BatchSink, metrics: PipelineMetrics) -> None:
         self.app = app
-        self.pipeline = pipeline
-        self.topic = topic
-        self.max_pending = max_pending
-        self.pending: dict[int, list[FetchedRecord]] = {}
-        self.pending_count = 0
-        self.in_flight: asyncio.Future[ApplyOutcome] | None = None
-        self.in_flight_size = 0
-        self.totals = ApplyOutcome()
-        self._thread = SinkThread()
+        self.positions = positions
+        self.sink = sink
+        self.metrics = metrics
+        self.topic = positions.fences.topic
+        self.readings: dict[int, Reading] = {}
+        self.steps = itertools.count()  # only advanced in aiokafka's thread
+        self.problem: str | None = None  # why positioning fails now (readiness)
+        self._failures = 0
+        self._retry_at = 0.0
+        self._backoff = Backoff(base=0.5)
+        self._watched_at = time.monotonic()
+        self._watching: asyncio.Future[Any] | None = None
 
-    async def add(self, fetched: Mapping[int, Sequence[FetchedRecord]]) -> None:
-        for partition, records in fetched.items():
-            if records:
-                self.pending.setdefault(partition, []).extend(records)
-                self.pending_count += len(records)
-        if self.in_flight is not None and (self.in_flight.done() or self.pending_count >= self.max_pending):
-            await self._finish_in_flight()
-        if self.in_flight is None and self.pending_count:
-            self._start()
+    def forget(self, partitions: set[int], reason: str | None) -> None:
+        """These partitions are read again from their fences before anything more of them is handed on."""
+        gone = {p for p in partitions if self.readings.pop(p, None) is not None}
+        self.sink.drop(set(partitions))
+        if reason is not None:
+            self.metrics.restarted(reason, len(gone))
 
-    async def settle(self, timeout: float) -> None:
-        """Wait (at most `timeout` s) for the batch in the database; it is checkpointed as usual later."""
-        if self.in_flight is not None and not self.in_flight.done():
-            await asyncio.wait({self.in_flight}, timeout=timeout)
+    def on_behind(self, behind: dict[int, tuple[int, int]]) -> None:
+        for partition, (fence, since) in sorted(behind.items()):
+            log.warning(
+                "%s partition %d: the SQL fence is %s, behind where this read started (%d): the database went back "
+                "in time (a backup restored, a failover to a replica that lost its last transactions) or its "
+                "fences were reset; reading the partition again from its fence",
+                self.topic,
+                partition,
+                fence if fence >= 0 else "gone (no fence row)",
+                since,
+            )
+        self.forget(set(behind), "fence_behind")
 
-    def drop(self, partitions: set[int]) -> int:
-        """Forget what is pending for partitions now owned elsewhere; returns how many records were dropped."""
-        dropped = 0
-        for partition in partitions:
-            dropped += len(self.pending.pop(partition, ()))
-        self.pending_count -= dropped
-        return dropped
-
-    async def idle(self) -> None:
-        """Nothing fetched this round: make sure what is pending gets applied."""
-        if self.in_flight is not None and self.in_flight.done():
-            await self._finish_in_flight()
-        if self.in_flight is None and self.pending_count:
-            self._start()
-
-    def _start(self) -> None:
-        batch, self.in_flight_size = self.pending, self.pending_count
-        self.pending, self.pending_count = {}, 0
-        self.in_flight = self._thread.submit(lambda: self.pipeline.process(batch))
-
-    async def _finish_in_flight(self) -> None:
-        assert self.in_flight is not None
-        outcome = await self.in_flight
-        self.in_flight = None
-        await self._checkpoint(outcome)
-
-    async def _checkpoint(self, outcome: ApplyOutcome, commit_timeout: float = 10.0) -> None:
-        self.totals.merge(outcome)
-        offsets = {}
-        for partition, next_offset in outcome.next_offsets.items():
-            tp = TP(self.topic, partition)
-            self.app.sql_fences[tp] = max(self.app.sql_fences.get(tp, 0), next_offset)
-            offsets[tp] = self.app.sql_fences[tp]
-        log.debug(
-            "batch of %d: applied %d, replayed %d, parked %d (total applied %d)",
-            self.in_flight_size,
-            outcome.applied,
-            outcome.replayed,
-            outcome.parked,
-            self.totals.applied,
-        )
-        if offsets:
-            # Bounded: a commit stuck on a coordinator that went away must not stop the
-            # drain; the fence holds the truth and the next batch commits again.
-            try:
-                await asyncio.wait_for(self.app.consumer._commit(offsets), commit_timeout)
-            except TimeoutError:
-                log.warning("Kafka commit of %d partition(s) timed out; continuing", len(offsets))
-
-    async def drain_on_shutdown(self, budget: float) -> None:
-        """Give the batch in the database a bounded time to commit; drop what is only pending.
-
-        What is dropped was never applied, and Kafka holds no commit past it, so it
-        is read again by whoever owns the partition next.
-        """
-        self.pipeline.stop.set()
-        self.pending, self.pending_count = {}, 0
-        if self.in_flight is None:
+    async def position(self, consumer: FencedConsumer) -> None:
+        """Seek every assigned partition without a read to its SQL fence (REFUSALS stop the worker)."""
+        assigned = {tp.partition for tp in consumer.assignment() if tp.topic == self.topic}
+        todo = assigned - set(self.readings)
+        if not todo or time.monotonic() < self._retry_at:
             return
+        # The batch in the database lands first: the fences read next are then current,
+        # and nothing of an older read of these partitions is still pending.
+        await self.sink.finish_in_flight()
+        self.sink.drop(todo)
+        loop = asyncio.get_running_loop()
         try:
-            outcome = await asyncio.wait_for(asyncio.shield(self.in_flight), budget)
-        except Exception:
-            log.warning("abandoned an in-flight batch of %d records at shutdown", self.in_flight_size)
+            starts = await loop.run_in_executor(None, self.positions.starts, todo)
+        except REFUSALS as exc:
+            if isinstance(exc, TopicMissing):  # deleted under a running worker: wait (a new one is checked)
+                self._failed(exc)
+                return
+            raise
+        except Exception as exc:  # Kafka or the database did not answer: try again shortly
+            self._failed(exc)
             return
-        self.in_flight = None
+        targets = {TP(self.topic, p): start.offset for p, start in starts.items()}
+        aiokafka = consumer._thread._ensure_consumer()
+        assignment, step, done = await consumer._thread.call_thread(_seek_in_thread, aiokafka, targets, self.steps)
+        for tp in done:
+            self.readings[tp.partition] = Reading(targets[tp], assignment, step, targets[tp])
+            self.sink.fences[tp.partition] = targets[tp]
+        if self._failures or self.problem:
+            log.info("positioning at the SQL fences works again")
+        self._failures, self.problem = 0, None
+        shown = ", ".join(f"{tp.partition}@{targets[tp]}" for tp in sorted(done))
+        log.info("reading %s partition(s) from their SQL fences: %s", self.topic, shown or "none (assignment moved)")
+
+    async def watch(self) -> None:
+        """Every WATCH_SECONDS, the claim again (the topic's id, the database's owner), for a worker that may not
+        see a batch for a while: a topic deleted under it leaves it with no partitions (aiokafka notices a topic
+        created again only at its next metadata refresh, minutes later), a restored database another owner.
+
+        In the background, its outcome taken at a later turn: asking Kafka can take a while when a broker
+        just died, and the drain must not wait for it."""
+        checking = self._watching
+        if checking is not None and checking.done():
+            self._watching = None
+            error = checking.exception()
+            if isinstance(error, TopicMissing):
+                if self.problem is None:
+                    log.error("%s (deleted under the worker?); waiting for it", error)
+                self.problem = str(error)
+            elif isinstance(error, REFUSALS):
+                raise error
+            elif error is not None:  # not known now: the next batch's own check stands
+                log.debug("could not check the topic's id: %s", error)
+            elif self.problem is not None and self._failures == 0:
+                log.info("topic %s is back", self.topic)
+                self.problem = None
+        if self._watching is None and time.monotonic() - self._watched_at >= WATCH_SECONDS:
+            self._watched_at = time.monotonic()
+            self._watching = asyncio.ensure_future(
+                asyncio.get_running_loop().run_in_executor(None, self.positions.claim)
+            )
+
+    def _failed(self, exc: BaseException) -> None:
+        delay = self._backoff.delay(self._failures)
+        self._retry_at = time.monotonic() + delay
+        self.problem = f"cannot position the assigned partitions at their SQL fences: {exc}"
+        log.warning("%s (try %d; again in %.1fs)", self.problem, self._failures + 1, delay)
+        self._failures += 1
+
+    def fetchable(self, consumer: FencedConsumer) -> set[TP]:
+        return {tp for tp in consumer.assignment() if tp.topic == self.topic and tp.partition in self.readings}
+
+    def accept(
+        self,
+        records: Mapping[Any, Sequence[Any]],
+        assignment: Any,
+        step: int,
+        positions: Mapping[int, int] | None = None,
+    ) -> dict[int, Chunk]:
+        """The records that continue their partition's read, with where they start (and where the read stands
+        after them, when it passed transaction markers: `positions`, aiokafka's, taken with the records); the
+        rest are dropped and their partitions positioned again."""
+        batch: dict[int, Chunk] = {}
+        stale: set[int] = set()
+        positions = positions or {}
+        for tp, fetched in records.items():
+            if not fetched or tp.topic != self.topic:
+                continue
+            reading = self.readings.get(tp.partition)
+            if reading is None or reading.assignment is not assignment or reading.step > step:
+                stale.add(tp.partition)  # fetched before the seek, or in another assignment
+                continue
+            if fetched[0].offset < reading.next:
+                fetched = [r for r in fetched if r.offset >= reading.next]
+                if not fetched:
+                    continue
+            since, reading.next = reading.next, fetched[-1].offset + 1
+            batch[tp.partition] = (since, fetched, None)
+        for partition, position in positions.items():
+            reading = self.readings.get(partition)
+            if reading is None or reading.assignment is not assignment or reading.step > step:
+                continue
+            if position > reading.next:  # passed markers (or aborted records) the read was not handed
+                since, records_of, _ = batch.get(partition, (reading.next, [], None))
+                batch[partition] = (since, records_of, position)
+                reading.next = position
+        if stale:
+            log.debug("dropped records of partitions %s fetched before their seek; positioning again", sorted(stale))
+            self.forget(stale, "stale")
+        return batch
+
+
+async def _seek_in_thread(consumer: Any, targets: Mapping[TP, int], steps: Any) -> tuple[Any, int, set[TP]]:
+    """In aiokafka's thread: seek each partition still assigned; (the assignment, the step, the ones sought)."""
+    subscription = consumer._subscription.subscription
+    assignment = subscription.assignment if subscription is not None else None
+    done = set()
+    for tp, offset in targets.items():
         try:
-            # Within the shutdown budget's reserve: the fence holds the truth whether it lands or not.
-            await self._checkpoint(outcome, commit_timeout=LEAVE_RESERVE_S / 2)
-        except Exception as exc:  # the group may be gone already; the fence holds the truth
-            log.info("final commit skipped: %s", exc)
+            consumer.seek(aiokafka_driver.ensure_aiokafka_TP(tp), offset)
+        except Exception:  # IllegalStateError: no longer assigned (a rebalance under way)
+            continue
+        done.add(tp)
+    return assignment, next(steps), done
+
+
+async def _fetch_in_thread(
+    consumer: Any, partitions: set[TP], timeout: float, max_records: int, steps: Any
+) -> tuple[Mapping[Any, Sequence[Any]], Any, int, set[int], dict[int, int]]:
+    """In aiokafka's thread: the records fetched for `partitions`, the assignment and step they were taken in,
+    the partitions whose position is out of range or unknown (to be positioned again), and each partition's
+    position right after (past the transaction markers and aborted records aiokafka passed)."""
+    fetcher = consumer._fetcher
+    if consumer._closed or fetcher._closed:
+        raise ConsumerStoppedError()
+    lost: set[int] = set()
+    with fetcher._subscriptions.fetch_context():
+        try:
+            records = await fetcher.fetched_records(
+                {aiokafka_driver.ensure_aiokafka_TP(tp) for tp in partitions}, timeout=timeout, max_records=max_records
+            )
+        except OffsetOutOfRangeError as exc:  # auto_offset_reset "none": reported, never reset silently
+            records, lost = {}, {tp.partition for tp in (exc.args[0] if exc.args else {})}
+        except NoOffsetForPartitionError as exc:  # a partition of a new assignment, not positioned yet
+            records, lost = {}, {exc.args[0].partition} if exc.args else set()
+    subscription = consumer._subscription.subscription
+    assignment = subscription.assignment if subscription is not None else None
+    positions: dict[int, int] = {}
+    if assignment is not None and assignment.active:
+        for tp in partitions:
+            atp = aiokafka_driver.ensure_aiokafka_TP(tp)
+            state = assignment.state_value(atp) if atp in assignment.tps else None
+            # Not past a record aiokafka skipped with an error still to raise (a record too
+            # large for the fetch moves the position over it): that is no marker to pass.
+            if isinstance(fetcher._records.get(atp), FetchError):
+                continue
+            if state is not None and state.has_valid_position:
+                positions[tp.partition] = state.position
+    return records, assignment, next(steps), lost, positions
+
+
+async def _commit_in_thread(consumer: Any, offsets: Mapping[TP, int]) -> bool:
+    """In aiokafka's thread: commit the partitions assigned right now; any refusal is logged, never raised."""
+    from aiokafka.structs import OffsetAndMetadata
+
+    assigned = consumer.assignment()
+    wanted = {
+        aiokafka_driver.ensure_aiokafka_TP(tp): OffsetAndMetadata(offset, "")
+        for tp, offset in offsets.items()
+        if aiokafka_driver.ensure_aiokafka_TP(tp) in assigned
+    }
+    if not wanted:
+        return False
+    try:
+        await consumer.commit(wanted)
+    except Exception as exc:  # a rebalance between the filter and the commit, a coordinator gone: a hint lost
+        log.info("Kafka commit of %d partition(s) skipped (the SQL fences hold the truth): %r", len(wanted), exc)
+        return False
+    return True
 
 
 class FencedConsumer(aiokafka_driver.Consumer):
-    """faust's aiokafka consumer with a batch drain, never committing past the SQL fence.
+    """faust's aiokafka consumer with a batch drain reading from the SQL fences, committing only up to them.
 
-    Two private faust methods are overridden, `_commit` and `_drain_messages`
-    (faust has no public hook for either); pyproject.toml pins faust-streaming to
-    the range they were written against and tests/test_faust_pins.py fails when
-    what they rely on changes. Rebalances go through faust's public signals
-    (`on_partitions_revoked`, `on_partitions_assigned`), see build_app.
+    Private faust and aiokafka members are used where there is no public hook:
+    faust's `_drain_messages` and `_commit` are overridden, and the drain seeks,
+    fetches and commits through aiokafka's consumer in faust's consumer thread
+    (`_thread.call_thread`, aiokafka's fetcher and subscription state).
+    pyproject.toml pins both packages to the minor versions they were written
+    against and tests/test_faust_pins.py fails when what they rely on changes.
+    Rebalances go through faust's public signals (`on_partitions_revoked`,
+    `on_partitions_assigned`), see build_app.
     """
 
     def _new_consumer_thread(self) -> aiokafka_driver.AIOKafkaConsumerThread:
@@ -375,63 +358,77 @@ class FencedConsumer(aiokafka_driver.Consumer):
         the lag alerts when records stop being applied for any reason.
         """
 
+    async def perform_seek(self) -> None:
+        """faust seeks every partition to Kafka's committed offset after a rebalance; here a partition is read
+        from its SQL fence instead, so this only makes the drain position every assigned partition again."""
+        reads: PartitionReads | None = getattr(self.app, "reads", None)
+        if reads is not None:
+            reads.forget(set(reads.readings), None)
+
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
-        # Only partitions still assigned: a batch that finishes after a rebalance has
-        # nothing to commit for the partitions it lost, and faust's commit of an empty
-        # set raises inside aiokafka and crashes the worker.
-        fences: dict[TP, int] = getattr(self.app, "sql_fences", {})
-        assigned = self.assignment()
-        clamped = {tp: min(offset, fences[tp]) for tp, offset in offsets.items() if tp in fences and tp in assigned}
+        # Never past the SQL fence, only partitions assigned at the moment of the commit
+        # (checked in aiokafka's thread: a rebalance between a check here and faust's
+        # own commit crashed the worker), and a refusal is a hint lost, not an error.
+        sink: BatchSink | None = getattr(self.app, "batch_sink", None)
+        fences = sink.fences if sink is not None else {}
+        clamped = {tp: min(o, fences[tp.partition]) for tp, o in offsets.items() if tp.partition in fences}
         if not clamped:
             return False
-        return await super()._commit(clamped)
+        return bool(await self._thread.call_thread(_commit_in_thread, self._thread._ensure_consumer(), clamped))
+
+    async def commit_fences(self, fences: dict[int, int]) -> bool:
+        topic = self.app.reads.topic  # type: ignore[attr-defined]
+        return await self._commit({TP(topic, p): offset for p, offset in fences.items()})
 
     async def _drain_messages(self, fetcher: Any) -> None:
-        sink: BatchSink = self.app.batch_sink  # type: ignore[attr-defined]
-        read_offsets = self._read_offset
+        app: WindowsApp = self.app  # type: ignore[assignment]
+        sink, reads = app.batch_sink, app.reads
+        max_records = app.conf.broker_max_poll_records or 10_000
         try:
             while not (self.should_stop or fetcher.should_stop):
-                generation = self.app.consumer_generation_id
-                records, _active = await self._wait_next_records(timeout=0.2)
-                if not records or self.should_stop:
+                if not self.flow_active:  # a rebalance under way: faust resumes the flow after it
+                    await sink.idle()
+                    await asyncio.sleep(0.05)
+                    continue
+                await reads.position(self)
+                await reads.watch()
+                wanted = reads.fetchable(self)
+                if not wanted:
+                    await sink.idle()
+                    await asyncio.sleep(0.2)
+                    continue
+                records, assignment, step, lost, positions = await self._thread.call_thread(
+                    _fetch_in_thread, self._thread._ensure_consumer(), wanted, 0.2, max_records, reads.steps
+                )
+                if lost:
+                    log.info("partitions %s: position out of range or unknown; positioning again", sorted(lost))
+                    reads.forget(lost, "out_of_range")
+                if self.should_stop:
                     await sink.idle()
                     continue
-                # Nothing fetched is thrown away while its partition may still be ours:
-                # faust rewinds a partition at a rebalance only to its committed offset,
-                # and not at all when it has none, so a record dropped here could be
-                # skipped for good. Records fetched across an assignment change are kept
-                # for the partitions assigned now (the rest went to another consumer,
-                # which reads them from the committed offset); in the middle of a
-                # rebalance all are kept, and the assignment handler drops those of
-                # partitions that went elsewhere. What is read twice the fence skips.
-                if generation != self.app.consumer_generation_id:
-                    ours: set[TP] | None = set(self.assignment())
+                # No await between accepting and adding: the rebalance handlers (on the
+                # event loop) cannot run in between.
+                batch = reads.accept(records, assignment, step, positions)
+                if batch:
+                    await sink.add(batch)
                 else:
-                    ours = None
-                batch: dict[int, Sequence[FetchedRecord]] = {}
-                for tp, fetched in records.items():
-                    if not fetched or (ours is not None and tp not in ours):
-                        continue
-                    floor = read_offsets[tp]  # below it: read before, and at or below the fence
-                    if floor is None or fetched[0].offset >= floor:
-                        batch[tp.partition] = fetched
-                    else:
-                        batch[tp.partition] = [r for r in fetched if r.offset >= floor]
-                    read_offsets[tp] = fetched[-1].offset
-                # No await between the generation check above and here: the assignment
-                # handler (on the event loop) cannot run in between.
-                await sink.add(batch)
+                    await sink.idle()
         except asyncio.CancelledError:
             # faust cancels the drain only to stop the worker. Ending normally rather
             # than re-raising: faust treats a cancelled fetcher during a rebalance as a
             # crash to restart, and its restart path fails when the worker is stopping
             # (a SIGTERM that lands mid-rebalance exited 1 instead of 0).
-            await sink.drain_on_shutdown(batch_budget(self.app.shutdown_budget))  # type: ignore[attr-defined]
+            await sink.drain_on_shutdown(batch_budget(app.shutdown_budget))
             return
+        except REFUSALS as exc:
+            log.critical("%s", exc)
+            app.refusal = exc
+            await self.crash(exc)
+            raise
         except Exception as exc:
             # Not a database or broker outage (those are retried inside the batch):
-            # a bug. Crash the worker, loudly, so it is restarted and replays from the
-            # fence, rather than stay in the group holding partitions it never reads.
+            # a bug. Crash the worker, loudly, so it is restarted and reads again from
+            # the fences, rather than stay in the group holding partitions it never reads.
             log.exception("batch drain failed; stopping the worker")
             await self.crash(exc)
             raise
@@ -460,11 +457,12 @@ class FencedTransport(aiokafka_driver.Transport):
 class WindowsApp(faust.App):
     """A faust App whose consumer drains in batches into the SQL sink."""
 
-    sql_fences: dict[TP, int]
     batch_sink: BatchSink
+    reads: PartitionReads
+    ownership: Ownership
     shutdown_budget: float
     shutdown_watchdog: ShutdownWatchdog
-    fence_error: FenceAheadOfLog | None
+    refusal: BaseException | None = None  # what stopped the worker with exit status 2
     start_message: str = "started"
     heartbeat: float = 0.0  # time.monotonic() of the event loop's last turn (see `live`)
     joined: bool = False  # has had an assignment (possibly empty) since it started
@@ -475,11 +473,13 @@ class WindowsApp(faust.App):
         return None if silent < LOOP_STALL_SECONDS else f"event loop silent for {silent:.0f}s"
 
     def ready(self) -> str | None:
-        """/readyz: joined the group, and the database is not failing."""
-        if self.fence_error is not None:
-            return f"fence ahead of the log: {self.fence_error}"
+        """/readyz: joined the group, its partitions positioned, and the database is not failing."""
+        if self.refusal is not None:
+            return f"refused: {self.refusal}"
         if not self.joined:
             return "not yet joined the consumer group"
+        if self.reads.problem is not None:
+            return self.reads.problem
         health = self.batch_sink.pipeline.health
         if health.degraded:
             return f"degraded: {health.last_error}"
@@ -542,7 +542,11 @@ def build_app(
     partition_fetch_mib: int = PARTITION_FETCH_MIB,
     shutdown_budget: float = DEFAULT_BUDGET_S,
     instance_id: str | None = None,
+    engine: Engine | None = None,
+    owner: Owner | None = None,
 ) -> WindowsApp:
+    """The worker; `engine` and `owner` (the role claimed) as start-up found them (made here, and claimed at the
+    first assignment, when not given)."""
     app = WindowsApp(
         settings.windows_group,
         broker=f"kafka://{settings.kafka_bootstrap}",
@@ -551,7 +555,9 @@ def build_app(
         store="memory://",
         web_enabled=False,
         topic_disable_leader=True,
-        consumer_auto_offset_reset="earliest",
+        # Never a position of Kafka's choosing: an out-of-range fetch is reported to
+        # the drain, which positions the partition at its fence (or the log start).
+        consumer_auto_offset_reset="none",
         stream_wait_empty=False,
         broker_max_poll_records=fetch_size,
         consumer_max_fetch_size=partition_fetch_mib * 1024 * 1024,
@@ -564,19 +570,30 @@ def build_app(
         # directory, not the working directory (read-only in the container image).
         datadir=os.path.join(tempfile.gettempdir(), "skillstats-faust-{conf.name}"),
     )
-    app.sql_fences = {}
     app.shutdown_budget = shutdown_budget
     app.shutdown_watchdog = ShutdownWatchdog("windows", shutdown_budget)
     app.heartbeat = time.monotonic()
     # Registered with faust's conductor so the consumer subscribes to it; no agent
     # iterates it, the batch drain above reads it.
     app.topics.add(app.topic(settings.topic, key_type=bytes, value_type=bytes))
-    engine = open_engine(settings.database_url)
-    require_current(engine)
+    if engine is None:
+        from skillstats.sinks.db import open_engine
+        from skillstats.sinks.migrate import require_current
+
+        engine = open_engine(settings.database_url)
+        require_current(engine)
     sink = WindowsSink(engine, settings.windows_group, settings.topic)
-    pipeline = WindowsPipeline(sink, DeadLetters(settings, settings.windows_group))
-    app.batch_sink = BatchSink(app, pipeline, settings.topic, max_pending=batch_size)
-    app.fence_error = None
+    positions = Positions(settings, WINDOWS, sink)
+    positions.owner = sink.owner = owner
+    app.ownership = Ownership()
+    pipeline = WindowsPipeline(sink, DeadLetters(settings, settings.windows_group), positions, app.ownership)
+
+    async def commit(fences: dict[int, int]) -> bool:
+        return await app.consumer.commit_fences(fences)  # type: ignore[attr-defined]
+
+    app.batch_sink = BatchSink(pipeline, max_pending=batch_size, commit=commit)
+    app.reads = PartitionReads(app, positions, app.batch_sink, pipeline.metrics)
+    app.batch_sink.on_behind = app.reads.on_behind
     app.start_message = (
         f"skillstats windows: group {settings.windows_group} reads topic {settings.topic} from "
         f"{settings.kafka_bootstrap} and writes daily and hourly counts to {redact_url(settings.database_url)}"
@@ -584,9 +601,22 @@ def build_app(
 
     @app.on_partitions_revoked.connect
     async def settle_on_revoke(_app: Any, revoked: set[TP], **_: Any) -> None:
-        # Let the batch in the database finish first (bounded): the next owner then
-        # starts after it committed, instead of both parking the same invalid records.
+        partitions = {tp.partition for tp in revoked if tp.topic == settings.topic}
+        app.ownership.owned = app.ownership.owned - partitions
+        app.reads.forget(partitions, None)
+        # Let the batch in the database finish first (bounded): the next owner then starts
+        # from its fences. Then wait for any parking under way (bounded too): once the lock
+        # is free, no parcel of a revoked partition is being sent, nor can one be.
         await app.batch_sink.settle(shutdown_budget)
+        loop = asyncio.get_running_loop()
+        taken = await loop.run_in_executor(None, functools.partial(app.ownership.parking.acquire, timeout=5.0))
+        if taken:
+            app.ownership.parking.release()
+        else:
+            log.warning(
+                "a batch was still parking invalid records of revoked partitions after 5s (the DLQ is slow or "
+                "away); the next owner may park some of them again (dlq replay publishes one copy per record)"
+            )
 
     @app.on_partitions_assigned.connect
     async def on_assigned(_app: Any, assigned: set[TP], **_: Any) -> None:
@@ -594,41 +624,13 @@ def build_app(
         log.info("assigned partitions %s of %s", sorted(partitions) or "none", settings.topic)
         app.joined = True
         pipeline.metrics.assigned(len(partitions))
-        # Faust revokes every partition at a rebalance (eager protocol), so what is
-        # pending is dropped only for partitions that went to another consumer: it
-        # reads them again from the committed offset (never past the fence). Records
-        # of a partition that stayed are kept: whether or not the consumer rewinds it,
-        # nothing is skipped, and what is read twice the fence skips.
-        dropped = app.batch_sink.drop(set(app.batch_sink.pending) - partitions)
-        if dropped:
-            log.info("rebalance: dropped %d fetched, unapplied record(s) of partitions now elsewhere", dropped)
-        if partitions:
-            await check_assigned_fences(app, sink, settings, partitions)
+        app.ownership.owned = frozenset(partitions)
+        # A new assignment starts every partition over from its fence (aiokafka would
+        # start it from Kafka's committed offset): what is pending is dropped and read again.
+        app.reads.forget(set(app.reads.readings) | set(app.batch_sink.pending), None)
+        pipeline.metrics.restarted("assigned", len(partitions))
 
     return app
-
-
-async def check_assigned_fences(app: WindowsApp, sink: WindowsSink, settings: Settings, partitions: set[int]) -> None:
-    """Stop the worker (exit 2, a clear message) if an assigned partition's fence is past its log end."""
-    loop = asyncio.get_running_loop()
-    for attempt in range(6):
-        try:
-            fences = await loop.run_in_executor(None, sink.fences)
-            ends = await loop.run_in_executor(None, end_offsets, settings, settings.topic)
-            break
-        except Exception as exc:
-            # Not knowing is not a pass: after a few tries the worker stops (and is
-            # restarted) rather than risk skipping a recreated topic's records.
-            log.warning("could not compare fences with the log ends (try %d): %s", attempt + 1, exc)
-            if attempt == 5:
-                raise
-            await asyncio.sleep(Backoff().delay(attempt))
-    try:
-        check_within_log(sink.group_id, sink.topic, {p: f for p, f in fences.items() if p in partitions}, ends)
-    except FenceAheadOfLog as exc:
-        log.critical("%s", exc)
-        app.fence_error = exc
-        raise
 
 
 # Third-party loggers speak at WARNING and above (INFO with --log-level debug): their
@@ -692,10 +694,30 @@ def run(
     metrics_port: int = 0,
     **options: Any,
 ) -> None:
-    """Run the worker until SIGTERM/SIGINT (never returns; exits the process); metrics_port 0: none."""
-    app = build_app(settings, **options)
+    """Run the worker until SIGTERM/SIGINT (never returns; exits the process); metrics_port 0: none.
+
+    Until Kafka and the database answer, it waits (capped backoff, a line per
+    attempt) with /healthz 200 and /readyz 503; a setting that cannot work (no
+    such topic, another group's database, a replaced topic) exits 2 at once.
+    """
+    logging.config.dictConfig(logging_config(log_level, settings.secrets()))
+    starting = Starting("windows")
     if metrics_port:
-        serve(metrics_host, metrics_port, Probes(app.live, app.ready))
+        serve(metrics_host, metrics_port, Probes(starting.live, starting.ready))
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        ready = wait_for_dependencies(settings, WINDOWS, settings.windows_group, starting, stop)
+    except REFUSALS as exc:
+        print(f"skillstats windows: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if ready is None:  # stopped while waiting
+        raise SystemExit(0)
+    for number, handler in previous.items():
+        signal.signal(number, handler)
+    engine, owner = ready
+    app = build_app(settings, engine=engine, owner=owner, **options)
+    starting.delegate(app.live, app.ready)
     # aiokafka allocates a GC-tracked record object per message, so at the default
     # threshold (700) the cyclic collector ran every few hundred records and cost
     # ~15% of throughput (measured alternately: 112-128k vs 137-145k events/s).
@@ -710,6 +732,6 @@ def run(
     try:
         worker.execute_from_commandline()
     finally:
-        if app.fence_error is not None:
-            print(f"skillstats windows: {app.fence_error}", file=sys.stderr)
+        if app.refusal is not None:
+            print(f"skillstats windows: {app.refusal}", file=sys.stderr)
             raise SystemExit(2)

@@ -12,6 +12,7 @@ import os
 import random
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -24,14 +25,21 @@ from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
-from confluent_kafka import Consumer, TopicPartition
-from sqlalchemy import insert, select
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from sqlalchemy import insert, select, update
 
 from skillstats.config import Settings
 from skillstats.kafka import end_offsets
 from skillstats.publisher import Publisher
 from skillstats.sinks.db import open_engine
-from skillstats.sinks.schema import partition_fences, skill_daily_stats, skill_hourly_stats, skills, user_skill_stats
+from skillstats.sinks.schema import (
+    partition_fences,
+    skill_daily_stats,
+    skill_hourly_stats,
+    skills,
+    user_skill_stats,
+)
 from skillstats.workload import Record, skill_ids
 from tests.conftest import settings_env
 
@@ -374,3 +382,85 @@ def run_docsync(settings: Settings, *args: str) -> tuple[int, list[dict[str, obj
     summaries = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert summaries or result.returncode != 0, result.stderr[-2000:]
     return result.returncode, summaries
+
+
+def _pg_tool(name: str) -> str:
+    """A PostgreSQL client program of the server's own version (Debian's /usr/lib/postgresql/<v>/bin), else PATH."""
+    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), key=lambda p: int(p.parts[-3]))
+    return str(found[-1]) if found else name
+
+
+def backup_database(url: str, where: Path) -> Path:
+    """A backup of the whole database, as an operator takes one: SQLite's backup API, or pg_dump."""
+    from skillstats.sinks.db import sqlite_path
+
+    path = sqlite_path(url)
+    if path is not None:
+        target = where.with_suffix(".db")
+        source, copy = sqlite3.connect(path), sqlite3.connect(target)
+        with copy:
+            source.backup(copy)
+        source.close()
+        copy.close()
+        return target
+    target = where.with_suffix(".dump")
+    done = subprocess.run([_pg_tool("pg_dump"), "-Fc", "-f", str(target), url], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return target
+
+
+def restore_database(url: str, backup: Path) -> None:
+    """The database set back to `backup`, whoever is connected (a restore, or a failover to a replica that lost
+    its tail): SQLite's backup API into the live file (its own locking), or pg_restore in one transaction."""
+    from skillstats.sinks.db import sqlite_path
+
+    path = sqlite_path(url)
+    if path is not None:
+        source, live = sqlite3.connect(backup), sqlite3.connect(path, timeout=60)
+        with live:
+            source.backup(live)
+        source.close()
+        live.close()
+        return
+    done = subprocess.run(
+        [_pg_tool("pg_restore"), "--clean", "--if-exists", "--single-transaction", "-d", url, str(backup)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def recreate_topic(settings: Settings, partitions: int) -> None:
+    admin = AdminClient(settings.kafka_config())
+    for future in admin.delete_topics([settings.topic], operation_timeout=30).values():
+        future.result(30)
+    wait_until(lambda: settings.topic not in admin.list_topics(timeout=10).topics, 60, "the topic to be deleted")
+
+    def created() -> bool:
+        future = admin.create_topics([NewTopic(settings.topic, partitions, 1)], operation_timeout=30)[settings.topic]
+        try:
+            future.result(30)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+            return False  # the deletion is still being completed
+        return True
+
+    wait_until(created, 60, "the topic to be created again", interval=0.5)
+    wait_until(
+        lambda: len(admin.list_topics(settings.topic, timeout=10).topics[settings.topic].partitions) == partitions,
+        60,
+        "the new topic's partitions",
+    )
+
+
+def forget_topic_ids(settings: Settings) -> None:
+    """The recorded topic ids cleared, as in a database migrated from before they were kept (revision 0005)."""
+    from skillstats.sinks.schema import consumers
+
+    engine = open_engine(settings.database_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(update(consumers).values(topic_id=None))
+    finally:
+        engine.dispose()

@@ -295,7 +295,7 @@ def test_dockerfile_passes_hadolint() -> None:
 def cli_environment() -> set[str]:
     """Every SKILLSTATS_* variable the CLI reads: the names in its code, and the Kafka security settings."""
     names = set()
-    for path in [*(ROOT / "skillstats").glob("*.py"), *(ROOT / "streams").glob("*.py")]:
+    for path in [*(ROOT / "skillstats").rglob("*.py"), *(ROOT / "streams").glob("*.py")]:
         names |= set(re.findall(r'"(SKILLSTATS_[A-Z0-9_]+)"', path.read_text()))
     security = {"SKILLSTATS_KAFKA_" + key.replace(".", "_").upper() for key in _KAFKA_SECURITY_KEYS}
     # These may come from files instead (config._env_or_file): SKILLSTATS_..._FILE.

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
@@ -67,15 +68,18 @@ def test_list_filter_replay_once_and_a_still_invalid_copy_never_loops(settings: 
     assert listed(settings, "--source-offsets", source)["records"] == malformed
     assert listed(settings, "--since", str(now + 3_600_000))["records"] == []
 
-    # Replay needs a selection; a dry run publishes nothing.
+    # Replay needs a selection; a dry run publishes nothing. Today's contract still refuses
+    # the malformed record: it is left out, saying so, unless forced.
     assert cli(settings, "replay").returncode == 2
-    dry = cli(settings, "replay", "--reason", "malformed", "--dry-run")
-    assert dry.returncode == 0 and "1 record(s) would be replayed" in dry.stdout
+    refused = cli(settings, "replay", "--reason", "malformed", "--dry-run")
+    assert refused.returncode == 2 and "still refuses it (malformed" in refused.stderr, refused.stderr
+    dry = cli(settings, "replay", "--reason", "malformed", "--dry-run", "--force")
+    assert dry.returncode == 0 and "1 record(s) would be replayed" in dry.stdout, dry.stderr
     assert len(read_topic(settings, settings.topic)) == 3
 
-    # The malformed record replayed: the copy carries where it came from, is parked again with
-    # that kept, and is not replayed again without --again; nor is the original.
-    replayed = cli(settings, "replay", "--reason", "malformed")
+    # The malformed record replayed (forced): the copy carries where it came from, is parked
+    # again with that kept, and is not replayed again without --again; nor is the original.
+    replayed = cli(settings, "replay", "--reason", "malformed", "--force")
     assert replayed.returncode == 0, replayed.stderr
     assert "replayed 1 record(s)" in replayed.stdout
     copies = [h for _k, _v, h in read_topic(settings, settings.topic) if H_REPLAYED_FROM in h]
@@ -88,10 +92,10 @@ def test_list_filter_replay_once_and_a_still_invalid_copy_never_loops(settings: 
 
     # The same selection again: refused without --again; with it, one copy (the original and
     # its parked-again copy are one record), which is parked again, still invalid.
-    twice = cli(settings, "replay", "--reason", "malformed")
+    twice = cli(settings, "replay", "--reason", "malformed", "--force")
     assert twice.returncode == 2 and "--again" in twice.stderr
     assert len(read_topic(settings, settings.topic)) == 4  # nothing more was published
-    again = cli(settings, "replay", "--reason", "malformed", "--again")
+    again = cli(settings, "replay", "--reason", "malformed", "--again", "--force")
     assert again.returncode == 0 and "replayed 1 record(s)" in again.stdout, again.stderr
     wait_until(caught_up(settings, settings.windows_group, worker), 60, "the worker to read the copy")
     wait_until(lambda: listed(settings)["counts_by_reason"].get("malformed") == 3, 30, "the copy parked again")
@@ -138,20 +142,131 @@ def test_source_offsets_must_be_partition_offset_pairs(settings: Settings) -> No
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_docsync_skips_a_replayed_copy_of_a_record_only_the_windows_database_refused(settings: Settings) -> None:
-    """docsync counted that record's original (it parks nothing), so the copy is for the windows tables only."""
+def test_headers_a_publisher_sets_change_nothing_either_group_counts(settings: Settings, tmp_path: Path) -> None:
+    """Where the contract says headers are not read, neither group reads them: a valid event that carries
+    `skillstats.replayed_reason: rejected_by_database` (any publisher can set it) counts in both groups."""
     from skillstats.streams.docsync import DocSync
     from tests.helpers import actual_docstats, seed_registry
 
     seed_registry(settings, {"sk_1": "u1"})
     now = int(time.time() * 1000)
-    event = make_event("sk_1", "download", now)
     with Publisher(settings) as publisher:
-        publisher.send(event)  # the original, counted by docsync
+        publisher.send(make_event("sk_1", "download", now))
         for reason in (REJECTED_BY_DATABASE, "unknown_kind"):
             origin = [(H_REPLAYED_FROM, b"x.dlq:0:1"), (H_REPLAYED_REASON, reason.encode())]
-            publisher.send_raw(event.key, make_event("sk_1", "download", now).encode(), headers=origin)
+            publisher.send_raw(b"sk_1", make_event("sk_1", "download", now).encode(), headers=origin)
     summary = DocSync(settings).drain()
     assert summary.stopped_reason == "caught_up", summary.error
-    # The original and the copy of a once-invalid record count; the database-refused copy does not.
-    assert actual_docstats(settings)[0] == {"sk_1": (2, 0, 0)}
+    assert actual_docstats(settings)[0] == {"sk_1": (3, 0, 0)}
+    worker = WorkerProcess(settings, tmp_path / "worker.log")
+    wait_until(caught_up(settings, settings.windows_group, worker), 120, "the worker to count them")
+    assert worker.terminate() == 0
+    daily, _hourly = actual_windows(settings)
+    assert sum(downloads for downloads, _installs in daily.values()) == 3
+
+
+def park_by_hand(settings: Settings, parcels: list[tuple[Parcel, list[tuple[str, bytes]]]]) -> None:
+    """Parcels written to the DLQ as a worker would, with extra headers (what a publisher could add)."""
+    now = int(time.time() * 1000)
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+    for parcel, extra in parcels:
+        producer.produce(
+            settings.dlq_topic,
+            key=parcel.record.key,
+            value=parcel.record.value,
+            partition=0,
+            headers=[*park_headers(parcel, settings.topic, settings.windows_group, now), *extra],
+        )
+    assert producer.flush(30) == 0
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_two_parcels_of_one_source_record_publish_one_copy(settings: Settings, tmp_path: Path) -> None:
+    """A record parked twice (a rebalance whose settle timed out, a DLQ leader lost mid-send) is one record:
+    its root is the source record, so one copy is published, once, and counts once."""
+    now = int(time.time() * 1000)
+    event = make_event("sk_twice", "download", now)
+    parcel = Parcel(RawRecord(4, 1234, event.key, event.encode()), "unknown_kind", "an older contract", None, now)
+    park_by_hand(settings, [(parcel, []), (parcel, [])])
+    assert listed(settings)["counts_by_reason"] == {"unknown_kind": 2}
+    dry = cli(settings, "replay", "--reason", "unknown_kind", "--dry-run")
+    assert dry.returncode == 0 and "1 record(s) would be replayed" in dry.stdout, dry.stderr
+    replayed = cli(settings, "replay", "--reason", "unknown_kind")
+    assert replayed.returncode == 0 and "replayed 1 record(s)" in replayed.stdout, replayed.stderr
+    assert len(read_topic(settings, settings.topic)) == 1
+    again = cli(settings, "replay", "--all", "--again")
+    assert again.returncode == 2 and "count twice" in again.stderr, again.stderr
+    worker = WorkerProcess(settings, tmp_path / "worker.log")
+    wait_until(caught_up(settings, settings.windows_group, worker), 120, "the worker to count the copy")
+    assert worker.terminate() == 0
+    daily, _hourly = actual_windows(settings)
+    assert sum(downloads for downloads, _installs in daily.values()) == 1
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_forged_replayed_from_header_does_not_open_a_second_replay(settings: Settings, tmp_path: Path) -> None:
+    """A record whose root was replayed and counted stays refused, even when another invalid record arrives
+    claiming (by header) to be that root's copy parked again: only SQL says where copies landed."""
+    now = int(time.time() * 1000)
+    event = make_event("sk_once", "download", now)
+    parcel = Parcel(RawRecord(2, 50, event.key, event.encode()), "unknown_kind", "an older contract", None, now)
+    park_by_hand(settings, [(parcel, [])])
+    worker = WorkerProcess(settings, tmp_path / "worker.log")
+    replayed = cli(settings, "replay", "--reason", "unknown_kind")
+    assert replayed.returncode == 0, replayed.stderr
+    wait_until(caught_up(settings, settings.windows_group, worker), 120, "the worker to count the copy")
+    root_parcel = listed(settings)["records"][0]
+    forged = f"{settings.dlq_topic}:{root_parcel['dlq_partition']}:{root_parcel['dlq_offset']}".encode()
+    with Publisher(settings) as publisher:  # invalid, and claiming to be the copy parked again
+        publisher.send_raw(b"sk_other", b"{not json", headers=[(H_REPLAYED_FROM, forged)])
+    wait_until(caught_up(settings, settings.windows_group, worker), 60, "the worker to park it")
+    wait_until(lambda: listed(settings)["counts_by_reason"].get("malformed") == 1, 30, "the forged record parked")
+    for extra in ((), ("--again",)):
+        refused = cli(settings, "replay", "--reason", "unknown_kind", *extra)
+        assert refused.returncode == 2 and "count twice" in refused.stderr, refused.stderr
+    assert worker.terminate() == 0
+    daily, _hourly = actual_windows(settings)
+    assert sum(downloads for downloads, _installs in daily.values()) == 1
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_record_the_database_refused_is_added_to_the_windows_tables_once(settings: Settings) -> None:
+    """docsync counted it (its database accepted it): a copy on the topic would count twice there, so the
+    replay adds it to the windows tables directly, recorded in the same transaction: once, never again."""
+    from sqlalchemy import insert
+
+    from skillstats.sinks.db import open_engine
+    from skillstats.sinks.schema import rejected_records
+
+    now = int(time.time() * 1000)
+    event = make_event("sk_refused_once", "install_new", now)
+    parcel = Parcel(RawRecord(1, 9, event.key, event.encode()), REJECTED_BY_DATABASE, "simulated", None, now)
+    park_by_hand(settings, [(parcel, [])])
+    # Without the windows group's record that its fence passed it as refused, it may have counted since.
+    unproven = cli(settings, "replay", "--reason", REJECTED_BY_DATABASE, "--dry-run")
+    assert unproven.returncode == 2 and "not recorded as skipped" in unproven.stderr, unproven.stderr
+    engine = open_engine(settings.database_url)
+    with engine.begin() as connection:  # as the worker's transaction that passes it writes it
+        connection.execute(
+            insert(rejected_records),
+            [
+                {
+                    "group_id": settings.windows_group,
+                    "topic": settings.topic,
+                    "partition": 1,
+                    "offset": 9,
+                    "rejected_at": datetime.now(UTC).replace(tzinfo=None),
+                }
+            ],
+        )
+    engine.dispose()
+    dry = cli(settings, "replay", "--reason", REJECTED_BY_DATABASE, "--dry-run")
+    assert dry.returncode == 0 and "would add to the windows tables" in dry.stdout, dry.stdout + dry.stderr
+    done = cli(settings, "replay", "--reason", REJECTED_BY_DATABASE)
+    assert done.returncode == 0 and "added 1 to the windows tables" in done.stdout, done.stderr
+    assert read_topic(settings, settings.topic) == []  # nothing published
+    daily, hourly = actual_windows(settings)
+    assert list(daily.values()) == [(0, 1)] and list(hourly.values()) == [(0, 1)]
+    again = cli(settings, "replay", "--reason", REJECTED_BY_DATABASE, "--again")
+    assert again.returncode == 2 and "count twice" in again.stderr, again.stderr
+    assert actual_windows(settings)[0] == daily

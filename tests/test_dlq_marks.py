@@ -26,9 +26,9 @@ from skillstats.dlq import DeadLetters, Parcel
 from skillstats.retry import Backoff
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.migrate import upgrade
-from skillstats.sinks.schema import skill_daily_stats
+from skillstats.sinks.pipeline import Ownership, WindowsPipeline
+from skillstats.sinks.schema import rejected_records, skill_daily_stats
 from skillstats.sinks.windows import WindowsSink
-from skillstats.streams.windows import WindowsPipeline
 
 AT = 1_764_460_800_000
 
@@ -88,10 +88,10 @@ class DyingSink(WindowsSink):
             raise sqlite3.IntegrityError("CHECK constraint failed: simulated")
         return super().write(connection, folded, now)
 
-    def apply(self, batch: Any, dlq_marks: Any = None) -> Any:
+    def apply(self, batch: Any, dlq_marks: Any = None, since: Any = None, rejected: Any = ()) -> Any:
         if self.commits_left == 0:
             raise Killed()
-        outcome = super().apply(batch, dlq_marks)
+        outcome = super().apply(batch, dlq_marks, since, rejected)
         if self.commits_left is not None:
             self.commits_left -= 1
         return outcome
@@ -119,10 +119,33 @@ def test_each_record_is_parked_once_whatever_the_kill_points(tmp_path: Path, kil
         sink.commits_left = commits_before_kill
         fence = sink.fences().get(0, 0)
         try:
-            WindowsPipeline(sink, MemoryDlq(dlq)).process({0: [r for r in batch() if r.offset >= fence]})
+            # A restarted worker reads from the fence, as it is positioned there.
+            WindowsPipeline(sink, MemoryDlq(dlq)).process({0: [r for r in batch() if r.offset >= fence]}, {0: fence})
         except Killed:
             continue
     assert Counter(dlq) == {(0, 2): 1, (0, 8): 1}
     assert sink.fences() == {0: 10}
+    with engine.connect() as connection:  # the refused record is recorded as skipped, once
+        assert connection.execute(select(rejected_records.c.partition, rejected_records.c.offset)).all() == [(0, 2)]
     with engine.connect() as connection:
         assert connection.execute(select(skill_daily_stats.c.downloads)).scalar() == 8
+
+
+def test_a_partition_revoked_before_its_batch_parks_is_left_whole_to_its_next_owner(tmp_path: Path) -> None:
+    """The revoke shrinks the owned set before it waits for any parking under way: a batch that has not parked
+    yet parks nothing of a revoked partition and applies none of it (its invalid records are the next owner's
+    to park, once), while the partitions it still owns go on."""
+    engine = open_engine(f"sqlite:///{tmp_path}/o.db")
+    upgrade(engine)
+    sink = DyingSink(engine, "g", "t")
+    dlq: list[tuple[int, int]] = []
+    ownership = Ownership()
+    ownership.owned = frozenset({1})  # partition 0 was revoked while the batch was fetched
+    mine = [Fetched(1, r.offset, r.key, r.value) for r in batch()]
+    outcome = WindowsPipeline(sink, MemoryDlq(dlq), None, ownership).process({0: batch(), 1: mine}, {0: 0, 1: 0})
+    assert Counter(dlq) == {(1, 8): 1, (1, 2): 1}  # partition 1's: the invalid record, the refused one
+    assert 0 not in sink.fences() and outcome.next_offsets.get(1) == 10
+    ownership.owned = frozenset({0, 1})  # the partition comes back (to this worker, as its next owner)
+    WindowsPipeline(sink, MemoryDlq(dlq), None, ownership).process({0: batch()}, {0: 0})
+    assert Counter(dlq) == {(1, 8): 1, (1, 2): 1, (0, 8): 1, (0, 2): 1}
+    assert sink.fences() == {0: 10, 1: 10}

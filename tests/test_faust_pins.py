@@ -29,29 +29,64 @@ def test_versions_are_the_pinned_ones() -> None:
 
 def test_overridden_methods_exist_with_the_expected_shape() -> None:
     base = aiokafka_driver.Consumer
-    for name in ("_drain_messages", "_commit", "_wait_next_records", "_new_consumer_thread"):
+    for name in ("_drain_messages", "_commit", "_new_consumer_thread", "perform_seek"):
         assert hasattr(base, name), name
-        assert getattr(FencedConsumer, name) is not getattr(base, name) or name == "_wait_next_records"
+        assert getattr(FencedConsumer, name) is not getattr(base, name)
     assert inspect.iscoroutinefunction(base._drain_messages)
     assert inspect.iscoroutinefunction(base._commit)
-    assert list(inspect.signature(base._wait_next_records).parameters) == ["self", "timeout"]
     assert list(inspect.signature(base._commit).parameters) == ["self", "offsets"]
     assert hasattr(aiokafka_driver.AIOKafkaConsumerThread, "_create_worker_consumer")
     assert issubclass(ReadCommittedConsumerThread, aiokafka_driver.AIOKafkaConsumerThread)
 
 
-def test_fetch_returns_records_per_partition_and_the_active_set() -> None:
-    source = inspect.getsource(faust_consumer.Consumer._wait_next_records)
-    assert "return records, active_partitions" in source
+def test_fetch_goes_through_the_fetcher_as_fausts_own_does() -> None:
+    source = inspect.getsource(aiokafka_driver.AIOKafkaConsumerThread._fetch_records)
+    assert "fetcher._subscriptions.fetch_context()" in source and "fetcher.fetched_records(" in source
 
 
-def test_seeks_reset_the_read_offset_the_drain_filters_on() -> None:
-    # perform_seek (after every assignment) moves _read_offset to the committed
-    # offset, and a revoke forgets it: the drain's floor never hides a re-fetch.
-    assert "read_offset.update" in inspect.getsource(faust_consumer.Consumer.perform_seek)
-    assert "self._read_offset.pop(tp, None)" in inspect.getsource(faust_consumer.Consumer.on_partitions_revoked)
+def test_faust_seeks_to_kafkas_commit_only_through_perform_seek() -> None:
+    """After every assignment faust seeks each partition to Kafka's committed offset through the public
+    perform_seek, before it resumes the flow: FencedConsumer replaces it (the drain positions every partition
+    at its SQL fence instead), and the drain fetches only while the flow is active."""
+    assert "seek_to_committed" in inspect.getsource(faust_consumer.Consumer.perform_seek)
     resume = inspect.getsource(__import__("faust.tables.recovery", fromlist=["x"]).Recovery._resume_streams)
     assert resume.index("perform_seek") < resume.index("resume_flow")
+    assert FencedConsumer.perform_seek is not faust_consumer.Consumer.perform_seek
+    assert hasattr(aiokafka_driver.AIOKafkaConsumerThread, "call_thread")
+    assert hasattr(aiokafka_driver.AIOKafkaConsumerThread, "_ensure_consumer")
+
+
+def test_aiokafka_hands_records_only_from_the_position_in_the_current_assignment() -> None:
+    """What PartitionReads relies on: a fetch's records are returned only while the partition's position is
+    where they start and their assignment is active; a seek drops what was fetched before it; a new assignment
+    is a new Assignment object; the position is passed over control batches and aborted records."""
+    from aiokafka.consumer import fetcher, subscription_state
+
+    check = inspect.getsource(fetcher.FetchResult.check_assignment)
+    assert "assignment.active" in check and "position != self._partition_records.next_fetch_offset" in check
+    assert "del self._records[tp]" in inspect.getsource(fetcher.Fetcher.seek_to)
+    assert "self._assignment = Assignment(topic_partitions)" in inspect.getsource(
+        subscription_state.Subscription._assign
+    )
+    unpack = inspect.getsource(fetcher.PartitionRecords._unpack_records)
+    assert unpack.count("self.next_fetch_offset = next_batch.next_offset") >= 2  # control and aborted batches
+    assert "self.next_fetch_offset = record.offset + 1" in unpack
+    state = subscription_state.TopicPartitionState
+    assert isinstance(state.position, property) and isinstance(state.has_valid_position, property)
+    assert {"tps", "active"} <= {n for n, v in vars(subscription_state.Assignment).items() if isinstance(v, property)}
+    assert inspect.iscoroutinefunction(fetcher.Fetcher.fetched_records)
+    assert "fetch_context" in vars(subscription_state.SubscriptionState)
+
+
+def test_with_auto_offset_reset_none_aiokafka_reports_instead_of_resetting() -> None:
+    """An out-of-range position, or a new partition without a committed offset, is raised to the fetch (the
+    drain positions the partition itself), never reset to a place of aiokafka's choosing."""
+    from aiokafka.consumer import fetcher
+
+    assert fetcher.OffsetResetStrategy.from_str("none") == fetcher.OffsetResetStrategy.NONE
+    response = inspect.getsource(fetcher.Fetcher._proc_fetch_request)
+    assert "Errors.OffsetOutOfRangeError({tp: fetch_offset})" in response
+    assert "NoOffsetForPartitionError(tp)" in inspect.getsource(fetcher.Fetcher._update_fetch_positions)
 
 
 def test_isolation_level_is_read_when_the_consumer_starts() -> None:
@@ -110,3 +145,12 @@ def test_partition_fetch_mib_from_the_command_line_reaches_faust(tmp_path: Path)
     upgrade(open_engine(url))
     app = build_app(Settings(kafka_bootstrap="127.0.0.1:1", database_url=url), partition_fetch_mib=3)
     assert app.conf.consumer_max_fetch_size == 3 * 1024 * 1024
+
+
+def test_fausts_own_commit_crashes_the_worker_on_a_rebalance_race_so_it_is_bypassed() -> None:
+    """faust's thread-side commit filters by the assignment, then commits: a rebalance in between raises in
+    aiokafka and faust crashes the worker. FencedConsumer commits through its own thread-side call, which
+    logs the refusal (tests/test_windows_reads.py)."""
+    source = inspect.getsource(aiokafka_driver.AIOKafkaConsumerThread._commit)
+    assert "await self.crash(exc)" in source and "IllegalStateError" in source
+    assert "call_thread(_commit_in_thread" in inspect.getsource(FencedConsumer._commit)

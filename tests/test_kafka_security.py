@@ -258,8 +258,13 @@ def test_no_secret_in_anything_a_whole_run_prints(secure: SecureKafka, database_
     ):
         assert run(f"{args} with a wrong password", wrong, *args).returncode != 0
     away = {**env, "SKILLSTATS_DATABASE_URL": f"postgresql://postgres:{DATABASE_PASSWORD}@127.0.0.1:1/nowhere"}
-    for args in (["docsync", "-vv"], ["status", "-vv"], ["windows", "-vv"], ["top"]):
+    for args in (["docsync", "-vv"], ["status", "-vv"], ["top"]):
         assert run(f"{args} with the database away", away, *args).returncode != 0
+    # The worker waits for its database (one line per attempt), then stops on SIGTERM.
+    waiting = WorkerProcess(settings, tmp_path / "waiting.log", env=away)
+    wait_until(lambda: waiting.log_path.read_text().count("waiting for the database") >= 2, 60, "two attempts")
+    assert waiting.terminate() == 0
+    printed.append(("windows with the database away", waiting.log_path.read_text(errors="replace")))
 
     assert len(printed) > 25
     leaks = [(what, secret) for what, text in printed for secret in secrets if secret in text]

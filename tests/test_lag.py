@@ -18,6 +18,7 @@ from skillstats.config import Settings
 from skillstats.kafka import commit_offsets, ensure_topics
 from skillstats.lag import DOCSYNC, WINDOWS, LagExporter, LagProbe, PartitionLag, groups_of, measure_lag
 from skillstats.sinks.db import open_engine
+from skillstats.sinks.identity import Owner
 from skillstats.sinks.migrate import upgrade
 from skillstats.sinks.schema import docsync_runs, partition_fences
 from tests.helpers import wait_until
@@ -152,6 +153,35 @@ def test_the_sql_fence_counts_where_the_kafka_commit_trails_it(lag_settings: Set
     snapshot = measure_lag(lag_settings, applied={lag_settings.windows_group: {0: 5}})
     caught_up = partition(snapshot.groups, WINDOWS, 0)
     assert (caught_up.committed, caught_up.applied, caught_up.lag_records, caught_up.lag_seconds) == (1, 5, 0, 0.0)
+
+
+def test_a_fence_behind_the_kafka_commit_is_where_the_group_reads_from(lag_settings: Settings) -> None:
+    """A database restored from a backup, or an admin's reset to the end: the group reads from its fence, so
+    its lag is measured from there, not from the commit ahead of it."""
+    commit_offsets(lag_settings, lag_settings.windows_group, lag_settings.topic, {0: 5})
+    snapshot = measure_lag(lag_settings, applied={lag_settings.windows_group: {0: 1}})
+    behind = partition(snapshot.groups, WINDOWS, 0)
+    assert (behind.committed, behind.applied, behind.lag_records) == (5, 1, 4)
+    assert behind.oldest_pending_ms is not None and behind.lag_seconds is not None and behind.lag_seconds > 0
+
+
+def test_exporter_serves_offsets_lost_and_a_refused_owner_from_sql(lag_settings: Settings) -> None:
+    exporter = LagExporter(lag_settings, interval=60, timeout=10)
+    exporter.refresh()
+    assert exporter.snapshot is not None and exporter.snapshot.topic_id
+    exporter.owners = {
+        WINDOWS: Owner(WINDOWS, lag_settings.windows_group, lag_settings.topic, "an-older-topic-id"),
+        DOCSYNC: Owner(DOCSYNC, lag_settings.docsync_group, lag_settings.topic, exporter.snapshot.topic_id),
+    }
+    exporter.lost = {lag_settings.windows_group: {2: 7}}
+    got = samples(exporter)
+    mismatch = {s["role"]: v for s, v in got["skillstats_topic_identity_mismatch"]}
+    assert mismatch == {WINDOWS: 1.0, DOCSYNC: 0.0}
+    lost = [(s["role"], s["partition"], v) for s, v in got["skillstats_consumer_offsets_lost"]]
+    assert lost == [(WINDOWS, "2", 7.0)]
+    exporter.owners = {WINDOWS: Owner(WINDOWS, "a-renamed-group", lag_settings.topic, None)}
+    got = samples(exporter)
+    assert {s["role"]: v for s, v in got["skillstats_topic_identity_mismatch"]} == {WINDOWS: 1.0, DOCSYNC: 0.0}
 
 
 def samples(collector: LagExporter) -> dict[str, list[tuple[dict[str, str], float]]]:

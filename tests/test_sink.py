@@ -95,11 +95,11 @@ class FlakySink(FencedSink):
     def write(self, connection: object, folded: object, now: object) -> dict[str, int]:
         raise NotImplementedError
 
-    def apply(self, records: object, dlq_marks: object = None) -> ApplyOutcome:
+    def apply(self, records: object, dlq_marks: object = None, rejected: object = ()) -> ApplyOutcome:
         if self.failures:
             self.failures -= 1
             raise OperationalError("UPDATE ...", {}, Exception("server closed the connection unexpectedly"))
-        return ApplyOutcome(applied=len(records))  # type: ignore[arg-type]
+        return ApplyOutcome(applied=sum(len(part.offsets) for part in records))  # type: ignore[attr-defined]
 
 
 def test_transient_errors_are_retried_with_backoff() -> None:
@@ -223,3 +223,27 @@ def test_pg_array_literal_spells_only_what_it_can() -> None:
     )
     for unspellable in ([1, True], [True], ["a", None], ["a\x00b"], [datetime(2026, 1, 2, tzinfo=UTC)]):
         assert _pg_array_literal(unspellable) is None, unspellable
+
+
+def test_a_read_that_starts_above_a_missing_fence_is_not_applied_and_creates_no_row(sink: WindowsSink) -> None:
+    """A fence row lost with the database's last transactions: the read that started above it claims nothing
+    about the offsets below, so nothing is applied and no row is made up at 0 (the consumer positions the
+    partition again: a row at the log start, PartitionFences.begin_reading)."""
+    outcome = sink.apply(downloads(0, range(5, 10)), since={0: 5})
+    assert outcome.behind == {0: (-1, 5)} and outcome.applied == 0
+    assert sink.fences() == {}
+    assert total_downloads(sink) == 0
+    # A read from the very start needs no fence row: it covers everything.
+    assert sink.apply(downloads(0, range(0, 3)), since={0: 0}).applied == 3
+    assert sink.fences() == {0: 3}
+
+
+def test_a_fence_moves_over_markers_only_when_a_read_vouches_for_them(sink: WindowsSink) -> None:
+    from skillstats.sinks.batch import PartitionBatch
+
+    first = [PartitionBatch(0, [0, 1], [r.event for r in downloads(0, range(2))], 0, 5)]  # markers at 2..4
+    outcome = sink.apply(first)
+    assert sink.fences() == {0: 5} and outcome.undelivered == 3
+    # A position beyond the fence with nothing read in between vouches for nothing.
+    gap = sink.apply([PartitionBatch(0, [9], [downloads(0, range(9, 10))[0].event], 9)])
+    assert gap.behind == {0: (5, 9)} and sink.fences() == {0: 5}

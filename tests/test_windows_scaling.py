@@ -24,7 +24,7 @@ from skillstats.config import Settings
 from skillstats.dlq import DLQ_TOPIC_CONFIG
 from skillstats.kafka import ensure_topics
 from skillstats.sinks.db import open_engine
-from skillstats.sinks.schema import skill_daily_stats, skill_hourly_stats, skills, user_skill_stats
+from skillstats.sinks.schema import consumers, skill_daily_stats, skill_hourly_stats, skills, user_skill_stats
 from skillstats.workload import generate
 from tests.helpers import WorkerProcess, caught_up, publish, registry, seed_registry, wait_until
 from tests.scenario import ScenarioReport, SteadyPublisher, applied
@@ -40,10 +40,11 @@ SLOW = ("--fetch-size", "20", "--batch-size", "60", "--log-level", "debug")
 
 
 def empty_tables(settings: Settings) -> None:
-    """The four tables empty (the registry's rows too): each round starts from nothing."""
+    """The four tables empty (the registry's rows too), and no record of whose counts they were: each round
+    starts from nothing, a new group on a new topic (sinks/identity.py would refuse it otherwise)."""
     engine = open_engine(settings.database_url)
     with engine.begin() as connection:
-        for table in (skill_daily_stats, skill_hourly_stats, user_skill_stats, skills):
+        for table in (skill_daily_stats, skill_hourly_stats, user_skill_stats, skills, consumers):
             connection.execute(delete(table))
     engine.dispose()
 

@@ -75,14 +75,21 @@ def test_idle_worker_is_live_ready_and_quiet_and_a_failing_database_only_unreadi
 def test_readiness_and_liveness_rules() -> None:
     health = Health()
     app = SimpleNamespace(
-        fence_error=None,
+        refusal=None,
         joined=False,
         heartbeat=time.monotonic(),
+        reads=SimpleNamespace(problem=None),
         batch_sink=SimpleNamespace(pipeline=SimpleNamespace(health=health)),
     )
     assert WindowsApp.ready(app) == "not yet joined the consumer group"  # type: ignore[arg-type]
     app.joined = True
     assert WindowsApp.ready(app) is None  # type: ignore[arg-type]
+    app.reads.problem = "cannot position the assigned partitions at their SQL fences: Kafka away"
+    assert "cannot position" in (WindowsApp.ready(app) or "")  # type: ignore[arg-type]
+    app.reads.problem = None
+    app.refusal = RuntimeError("topic replaced")
+    assert "refused: topic replaced" in (WindowsApp.ready(app) or "")  # type: ignore[arg-type]
+    app.refusal = None
     health.failing(RuntimeError("connection refused"))
     assert "degraded" in (WindowsApp.ready(app) or "")  # type: ignore[arg-type]
     health.ok()

@@ -1,0 +1,215 @@
+"""Whose counts these are: the one group and the one topic each role's tables come from (docs/contract.md).
+
+The fences say how far a group has applied a partition; they cannot say which
+group or which topic the counts came from, and both can change under a worker
+without a word: a ConfigMap that renames `SKILLSTATS_WINDOWS_GROUP` (a new
+group has no fences, so it counts everything the topic retains again), a
+second deployment pointed at the same database, a topic deleted and created
+again under the same name (its offsets start over, so old fences skip the
+head of the new log as "already applied"), a cluster swapped behind the same
+bootstrap name.
+
+So the database records, per role (`windows`: the daily and hourly tables;
+`docsync`: the stat columns of `skills` and `user_skill_stats`), the group
+that writes it, the topic it reads and that topic's Kafka id (KIP-516, which a
+recreated topic does not keep). A consumer claims its role before it reads and
+is refused (`IdentityMismatch`, exit status 2) when any of the three differ;
+the windows group also checks the row inside every transaction, so a takeover
+or reset done while an old worker still runs stops that worker at its next
+batch instead of letting it write. The way out is always explicit and
+confirmed: `skillstats fences takeover` hands a group's fences and its role
+to a new name, `skillstats fences reset` starts a group over on the topic as
+it is now (and records the new id).
+
+The row lives in the same database as the counts and moves with them: a
+restored backup brings back the owner its counts were written by.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import Connection, Engine, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from skillstats.sinks.schema import consumers, partition_fences
+
+WINDOWS, DOCSYNC = "windows", "docsync"
+ROLES = (WINDOWS, DOCSYNC)
+TAKEOVER_TOKEN = "TAKE_OVER_FENCES"
+TABLES = {WINDOWS: "skill_daily_stats and skill_hourly_stats", DOCSYNC: "the skills stat columns and user_skill_stats"}
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who writes a role's tables: a group, reading a topic (known by name and, once seen, by id)."""
+
+    role: str
+    group_id: str
+    topic: str
+    topic_id: str | None
+
+
+class IdentityMismatch(RuntimeError):
+    """A consumer is not the one whose counts the database holds: it must not write (exit status 2)."""
+
+
+def owner_of(connection: Connection | Engine, role: str) -> Owner | None:
+    def read(c: Connection) -> Owner | None:
+        row = c.execute(
+            select(consumers.c.group_id, consumers.c.topic, consumers.c.topic_id).where(consumers.c.role == role)
+        ).one_or_none()
+        return None if row is None else Owner(role, *row)
+
+    if isinstance(connection, Engine):
+        with connection.connect() as c:
+            return read(c)
+    return read(connection)
+
+
+def owners(engine: Engine) -> dict[str, Owner]:
+    with engine.connect() as connection:
+        rows = connection.execute(
+            select(consumers.c.role, consumers.c.group_id, consumers.c.topic, consumers.c.topic_id)
+        )
+        return {role: Owner(role, group, topic, topic_id) for role, group, topic, topic_id in rows}
+
+
+def claim(engine: Engine, wanted: Owner, now: datetime, recount: Mapping[int, int] | None = None) -> Owner:
+    """Register `wanted`'s group and topic as its role's owner if the role has none; refuse (IdentityMismatch) if
+    it has another. Returns the recorded owner.
+
+    The topic id is not recorded here: only once the group's fences were found to
+    fit the topic's log (`record_topic_id`, in the transaction that positions the
+    consumer), so a topic replaced before the first start with ids is not taken
+    for the one the counts belong to. `recount`, the records per partition a new
+    group would count again, goes into the message about a rename.
+    """
+    dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
+    with engine.begin() as connection:
+        # A write first, so SQLite takes its write lock before the read (as PartitionFences.lock does).
+        connection.execute(
+            dialect.insert(consumers).on_conflict_do_nothing(),
+            [
+                {
+                    "role": wanted.role,
+                    "group_id": wanted.group_id,
+                    "topic": wanted.topic,
+                    "topic_id": None,
+                    "registered_at": now,
+                    "updated_at": now,
+                }
+            ],
+        )
+        recorded = owner_of(connection, wanted.role)
+        assert recorded is not None
+        mismatch(recorded, wanted, recount)
+        return recorded
+
+
+def record_topic_id(connection: Connection, owner: Owner, now: datetime) -> None:
+    """Inside the caller's transaction: `owner`'s topic id, for a role whose id is not known yet."""
+    connection.execute(
+        update(consumers)
+        .where(consumers.c.role == owner.role, consumers.c.group_id == owner.group_id, consumers.c.topic_id.is_(None))
+        .values(topic_id=owner.topic_id, updated_at=now)
+    )
+
+
+def mismatch(recorded: Owner | None, wanted: Owner, recount: Mapping[int, int] | None = None) -> None:
+    """Raise IdentityMismatch when `wanted` is not `recorded` (an unknown topic id on either side passes)."""
+    if recorded is None:
+        return
+    if recorded.group_id != wanted.group_id:
+        raise IdentityMismatch(group_message(recorded, wanted.group_id, recount))
+    if recorded.topic != wanted.topic:
+        raise IdentityMismatch(
+            f"the {TABLES[recorded.role]} in this database hold the counts of topic {recorded.topic!r}, and group "
+            f"{wanted.group_id!r} is set to read {wanted.topic!r}: its records would be added to another topic's "
+            f"counts, so nothing was applied. Check SKILLSTATS_TOPIC (--topic). To count {wanted.topic!r} from now "
+            f"on instead: `skillstats fences reset --group {wanted.group_id} --topic {wanted.topic} --to start` (or "
+            f"--to end), which records the new topic (docs: README, 'Fences')."
+        )
+    if recorded.topic_id is not None and wanted.topic_id is not None and recorded.topic_id != wanted.topic_id:
+        raise IdentityMismatch(topic_replaced_message(recorded, wanted.topic_id))
+
+
+def topic_replaced_message(recorded: Owner, now_id: str) -> str:
+    return (
+        f"topic {recorded.topic!r} is not the one group {recorded.group_id!r} counted: its Kafka topic id was "
+        f"{recorded.topic_id} and is now {now_id}. It was deleted and created again, or another cluster answers "
+        f"under the same name; its offsets start over, so the fences would skip its first records as already "
+        f"applied, and nothing was applied. Stop the group, then choose: `skillstats fences reset --group "
+        f"{recorded.group_id} --to start --confirm RESET_FENCES` counts what the topic holds now, `--to end` only "
+        f"what arrives from now on (docs: README, 'Fences')."
+    )
+
+
+def group_message(recorded: Owner, wanted_group: str, recount: Mapping[int, int] | None) -> str:
+    again = ""
+    if recount is not None:
+        total = sum(recount.values())
+        again = f" ({total:,} record(s) over {sum(1 for n in recount.values() if n)} partition(s))"
+    return (
+        f"the {TABLES[recorded.role]} in this database are written by group {recorded.group_id!r}, not "
+        f"{wanted_group!r}. A group of another name starts without fences, so it would count again everything "
+        f"{recorded.group_id!r} already counted that topic {recorded.topic!r} still holds{again}; nothing was "
+        f"applied. If {wanted_group!r} is the same group renamed, stop {recorded.group_id!r}'s consumers and hand "
+        f"its fences over: `skillstats fences takeover --from {recorded.group_id} --group {wanted_group} --confirm "
+        f"{TAKEOVER_TOKEN}`. If it is another deployment, give it a database of its own. Otherwise check "
+        f"SKILLSTATS_{recorded.role.upper()}_GROUP (--group)."
+    )
+
+
+def record(connection: Connection, owner: Owner, now: datetime) -> None:
+    """Set `owner` as its role's owner outright, inside the caller's transaction (a reset or a takeover)."""
+    dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
+    values = {"group_id": owner.group_id, "topic": owner.topic, "topic_id": owner.topic_id, "updated_at": now}
+    connection.execute(
+        dialect.insert(consumers)
+        .values(role=owner.role, registered_at=now, **values)
+        .on_conflict_do_update(index_elements=["role"], set_=values)
+    )
+
+
+def take_over(engine: Engine, role: str, old_group: str, new_group: str, now: datetime) -> int:
+    """Hand `old_group`'s fences and `role` to `new_group`, in one transaction; returns the fence rows moved."""
+    with engine.begin() as connection:
+        recorded = owner_of(connection, role)
+        if recorded is not None and recorded.group_id != old_group:
+            raise IdentityMismatch(
+                f"the {role} role belongs to group {recorded.group_id!r}, not {old_group!r}: nothing was handed over"
+            )
+        mine = (partition_fences.c.group_id == new_group,)
+        clash = connection.execute(select(partition_fences.c.partition).where(*mine).limit(1)).first()
+        if clash is not None:
+            raise IdentityMismatch(
+                f"group {new_group!r} already has fences of its own (it has counted before): a takeover would mix "
+                f"two groups' positions, so nothing was handed over"
+            )
+        moved = connection.execute(
+            update(partition_fences)
+            .where(partition_fences.c.group_id == old_group)
+            .values(group_id=new_group, updated_at=now)
+        ).rowcount
+        topic = recorded.topic if recorded is not None else None
+        if topic is None:
+            topic = connection.execute(
+                select(partition_fences.c.topic).where(partition_fences.c.group_id == new_group).limit(1)
+            ).scalar()
+        if topic is None:
+            raise IdentityMismatch(f"group {old_group!r} has no fences: there is nothing to hand over")
+        record(connection, Owner(role, new_group, topic, recorded.topic_id if recorded else None), now)
+        return int(moved)
+
+
+def release(engine: Engine, role: str) -> None:
+    """Forget who owns `role`: for a benchmark's scratch database only, whose every run is a new group and topic.
+
+    Never part of operating skillstats: a released role is claimed by whichever
+    group starts next, which is exactly what the claim is there to prevent.
+    """
+    with engine.begin() as connection:
+        connection.execute(consumers.delete().where(consumers.c.role == role))

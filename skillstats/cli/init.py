@@ -1,0 +1,72 @@
+"""`skillstats init`: the topics and the SQL schema, idempotent; an events topic that would lose events refused."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from skillstats.cli.common import EXIT_OK, UsageError, database_options, kafka_options, positive, verbosity
+from skillstats.config import Settings, redact_url
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Create the events and DLQ topics through the Kafka admin API and bring the SQL schema to the newest "
+        "migration. Safe to run again: existing topics and tables are left as they are. An existing events topic "
+        "whose cleanup.policy is not delete (compaction drops events nobody counted) is refused, exit 2."
+    )
+    kafka_options(parser, dlq=True)
+    database_options(parser)
+    verbosity(parser)
+    parser.add_argument("--partitions", type=positive, default=12, help="partitions of the events topic (default 12)")
+    parser.add_argument("--dlq-partitions", type=positive, default=3, help="partitions of the DLQ topic (default 3)")
+    parser.add_argument(
+        "--replication-factor",
+        type=positive,
+        default=-1,
+        help="replication factor (default: the broker's default.replication.factor)",
+    )
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for Kafka (default 30)")
+    parser.add_argument("--skip-topics", action="store_true", help="only migrate the SQL schema")
+    parser.add_argument("--skip-schema", action="store_true", help="only create the topics")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    # The database first: a wrong URL must not leave topics created behind a failed init.
+    if not args.skip_schema:
+        from skillstats.sinks.db import open_engine
+        from skillstats.sinks.migrate import upgrade
+
+        before, after = upgrade(open_engine(settings.database_url))
+        state = "up to date" if before == after else f"migrated {before or 'empty'} -> {after}"
+        print(f"schema {redact_url(settings.database_url)}: {state}")
+    if not args.skip_topics:
+        from skillstats.dlq import DLQ_TOPIC_CONFIG
+        from skillstats.kafka import (
+            CLEANUP_POLICY,
+            TIMESTAMP_TYPE,
+            ensure_topics,
+            topic_config_problems,
+            topic_configs,
+        )
+
+        reports = ensure_topics(
+            settings,
+            {settings.topic: args.partitions, settings.dlq_topic: args.dlq_partitions},
+            configs={settings.dlq_topic: DLQ_TOPIC_CONFIG, settings.topic: {CLEANUP_POLICY: "delete"}},
+            replication_factor=args.replication_factor,
+            timeout=args.timeout,
+        )
+        for report in reports:
+            state = "created" if report.created else "exists"
+            print(f"topic {report.name}: {state}, {report.partitions} partitions (on {settings.kafka_bootstrap})")
+        problems = topic_config_problems(
+            topic_configs(settings, settings.topic, (CLEANUP_POLICY, TIMESTAMP_TYPE), args.timeout)
+        )
+        refusals = [p for p in problems if p.startswith(CLEANUP_POLICY)]
+        for problem in problems:
+            if problem not in refusals:
+                print(f"note: topic {settings.topic}: {problem}", file=sys.stderr)
+        if refusals:
+            raise UsageError(f"topic {settings.topic}: {refusals[0]}")
+    return EXIT_OK
