@@ -12,6 +12,7 @@ COPY pyproject.toml requirements.lock README.md ./
 COPY skillstats ./skillstats
 COPY streams ./streams
 COPY sinks ./sinks
+COPY bench ./bench
 RUN pip wheel --no-cache-dir --wheel-dir /wheels -c requirements.lock .
 
 FROM python:3.11-slim

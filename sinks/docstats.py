@@ -37,6 +37,24 @@ log = logging.getLogger(__name__)
 _IN_CHUNK = 1000
 
 
+def register_missing_skills(connection: Any, owners: dict[str, str | None]) -> int:
+    """Give the skills that have no row in `skills` one, with their owners; existing rows are left alone.
+
+    The registry owns that table and docsync only adds to its stat columns (a skill
+    without a row is skipped, docs/contract.md); this is for stacks with no registry
+    in front of them, the demos. Returns how many rows were added.
+    """
+    ids = sorted(owners)
+    existing: set[str] = set()
+    for start in range(0, len(ids), _IN_CHUNK):
+        chunk = ids[start : start + _IN_CHUNK]
+        existing.update(connection.execute(select(skills.c.id).where(skills.c.id.in_(chunk))).scalars())
+    missing = [{"id": skill, "owner_id": owners[skill]} for skill in ids if skill not in existing]
+    if missing:
+        connection.execute(skills.insert(), missing)
+    return len(missing)
+
+
 @dataclass
 class PartitionDeltas:
     """What one drain read from one partition: from fence `start` up to `next_offset`."""

@@ -163,7 +163,7 @@ class WindowsPipeline:
         self.ownership = ownership
         self.topic_ids = positions.topic_ids if positions is not None else None
         self.stop = threading.Event()
-        self.health = Health()
+        self.health = Health(target=sink.engine.url.render_as_string(hide_password=True))
         self.metrics = PipelineMetrics(sink.group_id)
         watch_health(sink.group_id, self.health)
 

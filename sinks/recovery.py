@@ -87,6 +87,7 @@ class Health:
     degraded_since: float | None = None
     last_error: str | None = None
     retries: int = 0
+    target: str = "the database"  # what is failing, as the log names it (a masked URL)
 
     @property
     def degraded(self) -> bool:
@@ -98,13 +99,16 @@ class Health:
         if self.degraded_since is None:
             self.degraded_since = time.monotonic()
             log.error(
-                "degraded: the database is failing (%s); retrying with backoff, nothing is parked", self.last_error
+                "degraded: %s is failing (%s); retrying with backoff, nothing is parked", self.target, self.last_error
             )
 
     def ok(self) -> None:
         if self.degraded_since is not None:
             log.warning(
-                "recovered after %.1fs degraded (%d retries)", time.monotonic() - self.degraded_since, self.retries
+                "recovered: %s answers again after %.1fs degraded (%d retries)",
+                self.target,
+                time.monotonic() - self.degraded_since,
+                self.retries,
             )
             self.degraded_since = None
 
@@ -120,7 +124,7 @@ def retrying(
             result = action()
         except Exception as exc:
             health.failing(exc)
-            log.warning("%s failed, retry %d: %s", what, attempt + 1, describe(exc))
+            log.debug("%s failed, retry %d: %s", what, attempt + 1, describe(exc))  # Health says it once
             if backoff.sleep(attempt, stop):
                 raise Abandoned(f"shutdown while retrying {what}") from exc
             attempt += 1
@@ -190,7 +194,8 @@ def apply_with_recovery(
                 if max_transient_retries is not None and attempt >= max_transient_retries:
                     raise
                 health.failing(exc)
-                log.warning("database error, retry %d of a batch of %d: %s", attempt + 1, size, describe(exc))
+                # Health logs the outage once (and its end); each retry only at debug level.
+                log.debug("database error, retry %d of a batch of %d: %s", attempt + 1, size, describe(exc))
                 outcome.retries += 1
                 pending.append((chunk, refused))
                 if backoff.sleep(attempt, stop):

@@ -86,7 +86,7 @@ def ensure_topics(
     partitions would move keys to new partitions and break per-skill ordering, so
     that is an operator's decision, reported here rather than made.
     """
-    existing = list_topic_names(settings, min(timeout, 10.0))
+    existing = list_topic_names(settings, timeout)
     admin = AdminClient(settings.kafka_config())
     missing = [
         NewTopic(

@@ -202,6 +202,10 @@ def plan(
     for partition, (low, high) in sorted(marks.items()):
         # The offset found may be past the watermark read a moment before, if records arrived since.
         retention = min(high if by_time[partition] < 0 else by_time[partition], high)
+        untouched = all(commits[g].get(partition) is None and fences[g].get(partition) is None for g in required)
+        if high <= low and untouched:  # nothing in the log, and no group ever read it: nothing to wait for
+            result.partitions.append(PartitionPlan(partition, low, high, retention, low, None, "empty: no records"))
+            continue
         cutoff, limited_by = retention, RETENTION
         reason = (
             "retention: no record is newer than the cutoff"

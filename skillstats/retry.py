@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 from dataclasses import dataclass
@@ -21,3 +22,33 @@ class Backoff:
     def sleep(self, attempt: int, stop: threading.Event | None = None) -> bool:
         """Wait before retry `attempt`; True when `stop` was set meanwhile (give up)."""
         return (stop or threading.Event()).wait(self.delay(attempt))
+
+
+@dataclass
+class Outage:
+    """How a dependency's failure and recovery are logged: once each, not once per retry.
+
+    The first failure of a streak at WARNING, saying what is failing (with a masked
+    target) and why; a reminder at INFO on the 2nd, 4th, 8th ... attempt, so a long
+    outage stays visible in the log without filling it; one INFO line when it works
+    again. A different failure (another target, another reason) is said at once.
+    """
+
+    log: logging.Logger
+    attempts: int = 0
+    said: str | None = None
+
+    def failed(self, what: str, problem: str, retry_in: float) -> None:
+        """`what` names the dependency and target ("waiting for Kafka at host:9092"), `problem` the cause."""
+        self.attempts += 1
+        if self.said != f"{what}: {problem}":
+            self.said = f"{what}: {problem}"
+            self.log.warning("%s: %s (attempt %d, again in %.0fs)", what, problem, self.attempts, retry_in)
+        elif self.attempts & (self.attempts - 1) == 0:
+            self.log.info("%s: %s (still, after %d attempts)", what, problem, self.attempts)
+
+    def recovered(self, message: str) -> None:
+        """`message` at INFO if this was failing; either way the streak is over."""
+        if self.said is not None:
+            self.log.info("%s (after %d attempt(s))", message, self.attempts + 1)
+        self.attempts, self.said = 0, None

@@ -25,7 +25,7 @@ from sqlalchemy import Engine
 from skillstats.config import Settings, redact_url
 from skillstats.kafka import KafkaRefused, TopicMissing, partition_count
 from skillstats.positions import Positions
-from skillstats.retry import Backoff
+from skillstats.retry import Backoff, Outage
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.fences import PartitionFences
 from skillstats.sinks.identity import IdentityMismatch, Owner
@@ -70,6 +70,7 @@ def wait_for_dependencies(
     """
     backoff = backoff or Backoff(base=1.0, cap=30.0)
     engine: Engine | None = None
+    outage = Outage(log)
     attempt = 0
     while True:
         # The database first: what cannot be cured by waiting there (no database yet, an old
@@ -89,12 +90,11 @@ def wait_for_dependencies(
             delay = backoff.delay(attempt)
             problem = describe(exc)
             starting.waiting_for = f"waiting for {what}: {problem}"
-            log.warning("waiting for %s (attempt %d, again in %.0fs): %s", what, attempt + 1, delay, problem)
+            outage.failed(f"waiting for {what}", problem, delay)
             if stop.wait(delay):
                 return None
             attempt += 1
             continue
-        if attempt:
-            log.info("Kafka and the database answer (after %d attempt(s)); starting", attempt + 1)
+        outage.recovered("Kafka and the database answer; starting")
         starting.waiting_for = "joining the consumer group"
         return engine, owner

@@ -43,6 +43,17 @@ def skill_ids(count: int) -> list[str]:
     return [f"sk_{i:06d}" for i in range(count)]
 
 
+# `publish --demo` publishes for these skills; `init --demo-registry` gives them rows in
+# the registry's `skills` table (docsync updates only skills that exist there).
+DEMO_SKILLS = 500
+DEMO_OWNERS = 50
+
+
+def demo_registry() -> dict[str, str]:
+    """skill id -> owner id of the demo's skills: what `init --demo-registry` registers."""
+    return {skill: f"user_{i % DEMO_OWNERS:03d}" for i, skill in enumerate(skill_ids(DEMO_SKILLS))}
+
+
 def _zipf_cumulative(count: int, exponent: float) -> list[float]:
     return list(itertools.accumulate(1.0 / (rank**exponent) for rank in range(1, count + 1)))
 

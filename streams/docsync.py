@@ -395,8 +395,9 @@ class DocSync:
                     # As the seed did: wait, and try a smaller transaction next time.
                     chunk = max(1, chunk // 2)
                     log.warning(
-                        "database error applying partitions %s (attempt %d, next chunk %d): %s",
+                        "database error applying partitions %s on %s (attempt %d, next chunk %d): %s",
                         [p.partition for p in batch],
+                        self.engine.url.render_as_string(hide_password=True),
                         attempt,
                         chunk,
                         describe(exc),

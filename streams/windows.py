@@ -63,11 +63,12 @@ from skillstats.dlq import DeadLetters
 from skillstats.kafka import TopicMissing
 from skillstats.metrics import PipelineMetrics, Probes, serve
 from skillstats.positions import Positions
-from skillstats.retry import Backoff
+from skillstats.retry import Backoff, Outage
 from skillstats.shutdown import DEFAULT_BUDGET_S, ShutdownWatchdog, batch_budget
 from skillstats.sinks.fences import FenceAheadOfLog
 from skillstats.sinks.identity import WINDOWS, IdentityMismatch, Owner
 from skillstats.sinks.pipeline import BatchSink, Chunk, Ownership, WindowsPipeline
+from skillstats.sinks.recovery import describe
 from skillstats.sinks.windows import WindowsSink
 from skillstats.startup import Starting, wait_for_dependencies
 
@@ -127,6 +128,7 @@ class PartitionReads:
         self._failures = 0
         self._retry_at = 0.0
         self._backoff = Backoff(base=0.5)
+        self._outage = Outage(log)
         self._watched_at = time.monotonic()
         self._watching: asyncio.Future[Any] | None = None
 
@@ -177,7 +179,9 @@ class PartitionReads:
         for tp in done:
             self.readings[tp.partition] = Reading(targets[tp], assignment, step, targets[tp])
             self.sink.fences[tp.partition] = targets[tp]
-        if self._failures or self.problem:
+        if self._failures:
+            self._outage.recovered("positioning at the SQL fences works again")
+        elif self.problem:
             log.info("positioning at the SQL fences works again")
         self._failures, self.problem = 0, None
         shown = ", ".join(f"{tp.partition}@{targets[tp]}" for tp in sorted(done))
@@ -215,7 +219,13 @@ class PartitionReads:
         delay = self._backoff.delay(self._failures)
         self._retry_at = time.monotonic() + delay
         self.problem = f"cannot position the assigned partitions at their SQL fences: {exc}"
-        log.warning("%s (try %d; again in %.1fs)", self.problem, self._failures + 1, delay)
+        settings = self.positions.settings
+        self._outage.failed(
+            f"positioning at the SQL fences (Kafka at {settings.kafka_bootstrap}, "
+            f"the database {redact_url(settings.database_url)})",
+            describe(exc),
+            delay,
+        )
         self._failures += 1
 
     def fetchable(self, consumer: FencedConsumer) -> set[TP]:
@@ -639,20 +649,27 @@ _THIRD_PARTY_LOGGERS = ("faust", "mode", "aiokafka", "kafka")
 # What every normal start or rebalance logs above INFO, though nothing is wrong.
 _ROUTINE = (
     "GroupCoordinatorNotAvailable",  # aiokafka, the first start of a new group
-    "Missing sensor state for rebalance",  # faust, a rebalance it did not see start
     "Heartbeat failed for group",  # aiokafka, while a rebalance is under way
     "OffsetCommit failed for group",  # aiokafka, a commit that raced a rebalance (the fence holds the truth)
+)
+# What says nothing to an operator at all: shown with --log-level debug only.
+_NOISE = (
+    "Missing sensor state for rebalance",  # faust, every start: a rebalance its sensor did not see begin
 )
 
 
 class RoutineAtInfo(logging.Filter):
-    """Shows the routine messages above as what they are, INFO (and so not at all above INFO)."""
+    """Shows the routine messages above as what they are, INFO (and so not at all above INFO), and the noise at
+    DEBUG."""
 
     def __init__(self, shown_level: int) -> None:
         super().__init__()
         self.shown_level = shown_level
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.INFO and any(text in record.getMessage() for text in _NOISE):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return self.shown_level <= logging.DEBUG
         if record.levelno > logging.INFO and any(text in record.getMessage() for text in _ROUTINE):
             record.levelno, record.levelname = logging.INFO, "INFO"
             return self.shown_level <= logging.INFO
@@ -732,6 +749,8 @@ def run(
     try:
         worker.execute_from_commandline()
     finally:
+        # faust says "Stopping..." of every service; this says the process is done.
+        log.info("skillstats windows: stopped%s", " (refused: exit 2)" if app.refusal is not None else "")
         if app.refusal is not None:
             print(f"skillstats windows: {app.refusal}", file=sys.stderr)
             raise SystemExit(2)

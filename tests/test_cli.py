@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -41,6 +43,24 @@ def test_a_command_lists_only_the_options_it_uses() -> None:
     listing = cli(Settings(), "dlq", "list", "--help")
     assert "--again" not in listing.stdout and "--limit" in listing.stdout
     assert cli(Settings(), "dlq", "list", "--all", "--again").returncode == 2
+
+
+@pytest.mark.parametrize("argv", [[], ["--help"], ["publish", "--help"], ["windows", "--help"], ["status", "--help"]])
+def test_help_imports_neither_the_benchmark_nor_a_consumer(argv: list[str]) -> None:
+    """The command list and a command's help load only the CLI: the benchmark, faust, SQL and librdkafka stay out."""
+    probe = (
+        "import sys\n"
+        "from skillstats.cli import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = {'skillstats_bench', 'faust', 'sqlalchemy', 'confluent_kafka'}\n"
+        "print('LOADED', sorted(heavy & {m.split('.')[0] for m in sys.modules}), file=sys.stderr)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "LOADED []" in result.stderr, result.stderr
 
 
 def test_a_bare_command_lists_the_commands_and_a_typo_names_the_nearest() -> None:
@@ -109,3 +129,61 @@ def test_init_refuses_a_compacted_events_topic_and_notes_log_append_time(
     noted = cli(stamped, "init")
     assert noted.returncode == 0, noted.stderr
     assert "LogAppendTime" in noted.stderr and "bad_timestamp" in noted.stderr
+
+
+def _parsers() -> list[tuple[str, object]]:
+    """Every (sub)command's parser, named, from the CLI's own registry."""
+    import argparse
+
+    from skillstats.cli import build_parser
+
+    found: list[tuple[str, object]] = []
+
+    def walk(name: str, parser: argparse.ArgumentParser) -> None:
+        found.append((name, parser))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, child in action.choices.items():
+                    walk(f"{name} {sub}".strip(), child)
+
+    walk("", build_parser())
+    return found
+
+
+def test_every_default_a_help_text_names_is_the_default_the_code_uses() -> None:
+    """A figure in --help is derived from the code or checked against it: never a text fixed once."""
+    import re
+
+    checked = 0
+    for name, parser in _parsers():
+        for action in parser._actions:  # type: ignore[attr-defined]
+            said = re.search(r"\(default (-?[\d,]+(?:\.\d+)?)(?![\d.])", action.help or "")
+            if said is None or action.default is None or isinstance(action.default, bool):
+                continue
+            default = action.type(action.default) if isinstance(action.default, str) and action.type else action.default
+            assert float(said.group(1).replace(",", "")) == float(default), (name, action.dest, action.help, default)
+            checked += 1
+    assert checked >= 15
+
+
+def test_the_demo_registry_gives_the_demo_publishers_skills_rows_docsync_updates(settings: Settings) -> None:
+    """`init --demo-registry` then `publish --demo`: docsync finds a row for every skill the demo publishes."""
+    from tests.helpers import actual_docstats, run_docsync, seed_registry
+
+    seed_registry(settings, {"sk_000001": "someone_else"})  # a row that exists already is left as it is
+    first = cli(settings, "init", "--skip-topics", "--demo-registry")
+    assert first.returncode == 0, first.stderr
+    assert "demo registry: 499 skill row(s) added, 1 already there" in first.stdout
+    again = cli(settings, "init", "--skip-topics", "--demo-registry")
+    assert "demo registry: 0 skill row(s) added, 500 already there" in again.stdout
+    published = cli(settings, "publish", "--demo", "2000", "--demo-events", "2000")
+    assert published.returncode == 0, published.stderr
+    code, (summary,) = run_docsync(settings)
+    assert code == 0
+    assert summary["events_read"] == 2000 and summary["unknown_skill_events"] == 0, summary
+    skill_rows, owner_rows = actual_docstats(settings)
+    assert sum(downloads for downloads, _, _ in skill_rows.values()) > 0
+    assert "someone_else" in owner_rows or skill_rows["sk_000001"] == (0, 0, 0)
+    # Without the schema step there is nothing to write to: said, not ignored.
+    refused = cli(settings, "init", "--skip-schema", "--demo-registry")
+    assert refused.returncode == 2 and "--demo-registry" in refused.stderr

@@ -7,6 +7,7 @@ here needs Kafka or a database: each mistake is caught before connecting.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -120,3 +121,34 @@ def test_docsync_against_an_unreachable_broker_says_so_without_a_traceback(tmp_p
     assert result.returncode == 1
     assert "Traceback" not in result.stderr + result.stdout
     assert "cannot reach Kafka at 127.0.0.1:1" in result.stdout  # the run's summary names the error
+
+
+@pytest.mark.parametrize("command", [["windows"], ["lag-exporter"], ["docsync", "--every", "1h"]])
+def test_a_taken_metrics_port_is_one_line_that_names_the_setting(tmp_path: object, command: list[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "skillstats.cli",
+                *command,
+                "--metrics-host",
+                "127.0.0.1",
+                "--metrics-port",
+                str(port),
+            ],
+            env={
+                **os.environ,
+                "SKILLSTATS_DATABASE_URL": f"sqlite:///{tmp_path}/s.db",
+                "SKILLSTATS_KAFKA_BOOTSTRAP": "127.0.0.1:1",
+            },
+            capture_output=True,
+            text=True,
+            timeout=10,  # the bound for a user mistake: answered within 10 s
+        )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "--metrics-port" in lines[0], result.stderr

@@ -18,6 +18,7 @@ compose validates with) ships as schema/compose-spec.json.
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import io
 import json
@@ -161,7 +162,7 @@ def restricted_profile_problems(where: str, spec: dict[str, Any]) -> list[str]:
 
 def test_every_pod_meets_the_restricted_profile(rendered: list[dict[str, Any]]) -> None:
     specs = list(pod_specs(rendered))
-    assert len(specs) == 4  # windows, lag-exporter, docsync, init
+    assert len(specs) >= 4  # windows, lag-exporter, docsync, init (and prune where the overlay has it)
     problems = [problem for where, spec in specs for problem in restricted_profile_problems(where, spec)]
     assert problems == []
     # The check can fail: a root container with its privileges left in place is caught.
@@ -181,6 +182,7 @@ def test_windows_workers_probes_and_shutdown(rendered: list[dict[str, Any]]) -> 
             "apiVersion": "apps/v1",
             "kind": "StatefulSet",
             "name": "skillstats-windows",
+            "envSourceContainerName": "windows",
         }
     else:
         assert workers["spec"]["replicas"] <= PARTITIONS
@@ -202,6 +204,96 @@ def test_windows_workers_probes_and_shutdown(rendered: list[dict[str, Any]]) -> 
         assert scaled["spec"]["triggers"][0]["metadata"]["allowIdleConsumers"] == "false"
     init = next(o for o in rendered if o["kind"] == "Job")["spec"]["template"]["spec"]["containers"][0]
     assert init["args"][init["args"].index("--partitions") + 1] == str(PARTITIONS)
+
+
+def keda_problems(objects: list[dict[str, Any]]) -> list[str]:
+    """Where a KEDA trigger names the bootstrap, group or topic itself instead of reading the workers' settings."""
+    problems = []
+    configs = {o["metadata"]["name"]: o.get("data", {}) for o in objects if o["kind"] == "ConfigMap"}
+    wanted = {
+        "bootstrapServersFromEnv": "SKILLSTATS_KAFKA_BOOTSTRAP",
+        "consumerGroupFromEnv": "SKILLSTATS_WINDOWS_GROUP",
+        "topicFromEnv": "SKILLSTATS_TOPIC",
+    }
+    for scaled in (o for o in objects if o["kind"] == "ScaledObject"):
+        target = scaled["spec"]["scaleTargetRef"]
+        workload = by_kind(objects, target["kind"], target["name"])
+        containers = {c["name"]: c for c in workload["spec"]["template"]["spec"]["containers"]}
+        container = containers.get(target.get("envSourceContainerName", ""))
+        if container is None:
+            problems.append(f"ScaledObject: envSourceContainerName names none of {sorted(containers)}")
+            continue
+        environment = {e["name"]: e.get("value") for e in container.get("env", [])}
+        for source in container.get("envFrom", []):
+            if "configMapRef" in source:
+                environment.update(next(v for k, v in configs.items() if k.startswith(source["configMapRef"]["name"])))
+        for trigger in scaled["spec"]["triggers"]:
+            metadata = trigger["metadata"]
+            for literal in ("bootstrapServers", "consumerGroup", "topic"):
+                if literal in metadata:
+                    problems.append(f"ScaledObject: {literal}: {metadata[literal]!r} is a copy of a setting")
+            for key, variable in wanted.items():
+                if metadata.get(key) != variable:
+                    problems.append(f"ScaledObject: {key} should be {variable}, is {metadata.get(key)!r}")
+                elif environment.get(variable) in (None, ""):
+                    problems.append(f"ScaledObject: {variable} is not in the {container['name']} container's env")
+    return problems
+
+
+def test_keda_scales_on_the_group_and_topic_the_workers_read() -> None:
+    """One source for the bootstrap, group and topic: the ConfigMap the windows container reads."""
+    objects = render(RENDERINGS["production"])
+    assert [o for o in objects if o["kind"] == "ScaledObject"], "the production overlay scales with KEDA"
+    assert keda_problems(objects) == []
+    # The check can fail: a copied group, a variable the container does not have, a wrong container.
+    for key, path, value in (
+        ("consumerGroup", ("triggers", 0, "metadata"), "skillstats-windows"),
+        ("topicFromEnv", ("triggers", 0, "metadata"), "SKILLSTATS_NO_SUCH_TOPIC"),
+        ("envSourceContainerName", ("scaleTargetRef",), "sidecar"),
+    ):
+        broken = copy.deepcopy(objects)
+        where: Any = next(o for o in broken if o["kind"] == "ScaledObject")["spec"]
+        for step in path:
+            where = where[step]
+        where[key] = value
+        assert keda_problems(broken), key
+
+
+def test_images_name_a_registry_and_the_init_job_is_named_per_release(rendered: list[dict[str, Any]]) -> None:
+    """No container image resolves to Docker Hub by accident; the base's tag is the project's version; the
+    deploying overlay's init Job is named after its image tag (a Job's pod template cannot change)."""
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert version is not None
+    images = {c["image"] for _, spec in pod_specs(rendered) for c in spec["containers"]}
+    for image in images:
+        name, _, tag = image.rpartition(":")
+        host = name.split("/")[0]
+        assert "/" in name and ("." in host or host == "localhost"), f"{image}: no registry host"
+        assert tag and tag != "latest", image
+    assert len(images) == 1, images
+    (init,) = [o for o in rendered if o["kind"] == "Job"]
+    tag = init["spec"]["template"]["spec"]["containers"][0]["image"].rpartition(":")[2]
+    if "namespace" not in init["metadata"]:  # the base: its own name, so that overlays' patches find it
+        assert images == {f"localhost/skillstats:{version.group(1)}"}
+        assert init["metadata"]["name"] == "skillstats-init"
+    else:
+        assert init["metadata"]["name"] == f"skillstats-init-{tag}"
+
+
+def test_the_prune_cronjob_deletes_only_with_its_confirmation_daily() -> None:
+    objects = render(RENDERINGS["production"])
+    cronjob = by_kind(objects, "CronJob", "skillstats-prune")["spec"]
+    assert cronjob["concurrencyPolicy"] == "Forbid"
+    assert cronjob["schedule"].split()[2:] == ["*", "*", "*"]  # daily
+    container = cronjob["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert args[0] == "prune" and "--apply" in args and args[args.index("--confirm") + 1] == "PRUNE_SKILL_STAT_EVENTS"
+    # Its own Kafka principal, if there is one, wins over the shared Secret (envFrom: last one wins).
+    assert container["envFrom"][-1] == {"secretRef": {"name": "skillstats-prune", "optional": True}}
+    assert usage_problems("prune", args) == []
+    assert not [o for o in render(RENDERINGS["base"]) if o["metadata"]["name"] == "skillstats-prune"], (
+        "prune deletes records: a component an overlay opts into, not the base"
+    )
 
 
 def test_docsync_cronjob_cadence_and_budgets(rendered: list[dict[str, Any]]) -> None:

@@ -22,7 +22,7 @@ import orjson
 import pytest
 from sqlalchemy import select
 
-from skillstats.dlq import DeadLetters, Parcel
+from skillstats.dlq import H_TIMESTAMP, DeadLetters, Parcel, park_headers
 from skillstats.retry import Backoff
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.migrate import upgrade
@@ -149,3 +149,20 @@ def test_a_partition_revoked_before_its_batch_parks_is_left_whole_to_its_next_ow
     WindowsPipeline(sink, MemoryDlq(dlq), None, ownership).process({0: batch()}, {0: 0})
     assert Counter(dlq) == {(1, 8): 1, (1, 2): 1, (0, 8): 1, (0, 2): 1}
     assert sink.fences() == {0: 10, 1: 10}
+
+
+def test_every_parcel_keeps_its_source_records_timestamp(tmp_path: Path) -> None:
+    """A record the database refused is parked with its Kafka timestamp like an invalid one: a replay keeps it."""
+    engine = open_engine(f"sqlite:///{tmp_path}/m.db")
+    upgrade(engine)
+    sent: list[Parcel] = []
+
+    class Keeping(MemoryDlq):
+        def _send(self, parcels: Sequence[Parcel], target: Mapping[int, int], stop: threading.Event | None) -> None:
+            sent.extend(parcels)
+            super()._send(parcels, target, stop)
+
+    records = [Fetched(r.partition, r.offset, r.key, r.value, AT + r.offset) for r in batch()]
+    WindowsPipeline(DyingSink(engine, "g", "t"), Keeping([])).process({0: records}, {0: 0})
+    assert sorted((p.reason, p.timestamp) for p in sent) == [("malformed", AT + 8), ("rejected_by_database", AT + 2)]
+    assert all(dict(park_headers(p, "t", "g", 0))[H_TIMESTAMP] == str(p.timestamp).encode() for p in sent)

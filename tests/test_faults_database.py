@@ -59,5 +59,5 @@ def test_windows_rides_out_a_database_outage(
         sent = publisher.stop()
     wait_until(caught_up(settings, settings.windows_group, worker), 120, "the worker to apply the rest")
     assert worker.terminate() == 0
-    assert "recovered after" in (tmp_path / "worker.log").read_text()
+    assert "answers again after" in (tmp_path / "worker.log").read_text()
     report.finish(settings, sent, registry_rows)

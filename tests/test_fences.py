@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from skillstats.config import Settings
 from skillstats.workload import generate
 from tests.helpers import (
@@ -48,7 +50,7 @@ def test_windows_refuses_a_fence_ahead_of_the_log_until_reset(settings: Settings
     assert fences(settings, settings.windows_group) == fences_before
 
     status = cli(settings, "status")
-    assert status.returncode == 0, status.stderr
+    assert status.returncode == 1, status.stderr  # for on-call scripts: a group refuses to run
     assert "FENCE AHEAD OF LOG" in status.stdout
 
     dry = cli(settings, "fences", "reset", "--group", settings.windows_group, "--to", "start")
@@ -66,3 +68,22 @@ def test_windows_refuses_a_fence_ahead_of_the_log_until_reset(settings: Settings
     wait_until(caught_up(settings, settings.windows_group, worker), 120, "the worker to count the new topic")
     assert worker.terminate() == 0, worker.log_tail()
     assert actual_windows(settings) == expected_windows(first + second)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_reset_says_what_it_counts_again_and_waits_for_the_group_to_stop(settings: Settings, tmp_path: Path) -> None:
+    records = list(generate(1200, now_ms=int(time.time() * 1000), skills=40, seed=7))
+    assert publish(settings, records) == len(records)
+    worker = WorkerProcess(settings, tmp_path / "a.log")
+    wait_until(caught_up(settings, settings.windows_group, worker), 120, "the worker to catch up")
+    reset = ["fences", "reset", "--group", settings.windows_group, "--to", "start"]
+    dry = cli(settings, *reset)
+    assert dry.returncode == 0, dry.stderr
+    assert "1,200 record(s) already counted would be counted again" in dry.stdout, dry.stdout
+    assert "counted again" in dry.stdout.splitlines()[1]  # per partition, too
+    running = cli(settings, *reset, "--confirm", "RESET_FENCES")
+    assert running.returncode == 2 and "active member" in running.stderr, running.stderr
+    assert sum(fences(settings, settings.windows_group).values()) == 1200  # nothing changed
+    assert worker.terminate() == 0
+    helped = " ".join(cli(settings, "fences", "reset", "--help").stdout.split())
+    assert "Not the tool for a database restored from a backup of its own" in helped

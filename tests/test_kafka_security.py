@@ -260,7 +260,7 @@ def test_no_secret_in_anything_a_whole_run_prints(secure: SecureKafka, database_
     away = {**env, "SKILLSTATS_DATABASE_URL": f"postgresql://postgres:{DATABASE_PASSWORD}@127.0.0.1:1/nowhere"}
     for args in (["docsync", "-vv"], ["status", "-vv"], ["top"]):
         assert run(f"{args} with the database away", away, *args).returncode != 0
-    # The worker waits for its database (one line per attempt), then stops on SIGTERM.
+    # The worker waits for its database (a warning, then reminders), then stops on SIGTERM.
     waiting = WorkerProcess(settings, tmp_path / "waiting.log", env=away)
     wait_until(lambda: waiting.log_path.read_text().count("waiting for the database") >= 2, 60, "two attempts")
     assert waiting.terminate() == 0

@@ -282,3 +282,33 @@ def test_exporter_reads_fences_and_the_last_successful_drain_from_the_database(
     assert applied == {(WINDOWS, "0"): 5.0}
     lag = {(s["role"], s["partition"]): v for s, v in got["skillstats_consumer_lag_records"]}
     assert lag[(WINDOWS, "0")] == 0 and lag[(DOCSYNC, "0")] == 5
+
+
+def test_a_database_the_exporter_cannot_read_is_logged_once_masked_and_so_is_its_recovery(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The engine exists before the first failure (PostgreSQL): the failure is still said, once, with the
+    password masked, and the recovery once."""
+    import logging
+
+    from skillstats.sinks.db import open_engine
+    from skillstats.sinks.migrate import upgrade
+
+    broken = "postgresql://someone:s3cret-pw@127.0.0.1:1/nowhere"
+    settings = Settings(database_url=broken, topic="t-db")
+    exporter = LagExporter(settings, interval=60, timeout=2, open_database=lambda: open_engine(broken))
+    with caplog.at_level(logging.INFO, logger="skillstats.lag"):
+        exporter.read_database()
+        exporter.read_database()
+        failures = [r for r in caplog.records if "cannot read the database" in r.getMessage()]
+        assert len(failures) == 1 and failures[0].levelno == logging.WARNING
+        assert "postgresql://someone:***@127.0.0.1:1/nowhere" in failures[0].getMessage()
+        assert "s3cret-pw" not in caplog.text
+        assert exporter.database_up is False
+        good = f"sqlite:///{tmp_path}/ok.db"
+        upgrade(open_engine(good))
+        exporter._engine, exporter.open_database = None, lambda: open_engine(good)
+        exporter.read_database()
+        exporter.read_database()
+    assert exporter.database_up is True
+    assert sum("again" in r.getMessage() and r.levelno == logging.INFO for r in caplog.records) == 1

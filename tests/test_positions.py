@@ -170,7 +170,9 @@ def test_a_topic_recreated_under_a_running_worker_stops_both_groups(
     assert docsync_code == 2 and "its Kafka topic id was" in str(summaries[-1]["error"]), summaries
     docstats_exact(settings, a, registry_rows)
     status = cli(settings, "status")
-    assert "REFUSED" in status.stdout and "its Kafka topic id was" in status.stdout, status.stdout + status.stderr
+    assert status.returncode == 1 and "REFUSED" in status.stdout and "its Kafka topic id was" in status.stdout, (
+        status.stdout + status.stderr
+    )
 
     # The way out: count what the new topic holds, for both groups.
     for group in (settings.windows_group, settings.docsync_group):
@@ -303,8 +305,8 @@ def gates(settings: Settings) -> Iterator[Gates]:
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_kafka_and_the_database_away_at_start_then_back(settings: Settings, gates: Gates, tmp_path: Path) -> None:
-    """The worker waits (a line per attempt, /healthz 200, /readyz 503) and starts counting once both answer,
-    in the same process: no exit, no restart."""
+    """The worker waits (the first failure a WARNING, reminders at INFO, /healthz 200, /readyz 503) and starts
+    counting once both answer, in the same process: no exit, no restart."""
     kafka_gate, database_gate, away = gates.kafka, gates.database, gates.away
     a = events(2000, 41)
     publish(settings, a)
@@ -371,7 +373,7 @@ def test_records_deleted_before_they_were_applied_are_said_counted_and_passed(
 def test_docsync_every_waits_for_kafka_and_the_database_then_drains(
     settings: Settings, gates: Gates, registry_rows: dict[str, str | None], tmp_path: Path
 ) -> None:
-    """The long-running docsync waits like the worker (a line per attempt, /healthz 200, /readyz 503), then
+    """The long-running docsync waits like the worker (logged once then reminders, /healthz 200, /readyz 503), then
     drains, in the same process; a single drain would have said so in one line and exited 1."""
     import signal
     import subprocess
@@ -386,7 +388,7 @@ def test_docsync_every_waits_for_kafka_and_the_database_then_drains(
     log_path = tmp_path / "docsync.log"
     with log_path.open("wb") as out:
         drain = subprocess.Popen(
-            [sys.executable, "-m", "skillstats.cli", "docsync", "--every", "1h", "--metrics-port", str(port)],
+            [sys.executable, "-m", "skillstats.cli", "docsync", "--every", "1h", "-v", "--metrics-port", str(port)],
             env=settings_env(away),
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -51,7 +51,7 @@ def test_jsonl_with_invalid_lines_sends_nothing_and_names_the_lines(settings: Se
     path.write_bytes(b"\n".join(lines) + b"\n")
     refused = cli(settings, "publish", "--file", str(path))
     assert refused.returncode == 2
-    assert "line 2: malformed" in refused.stderr and "line 3: bad_delta" in refused.stderr
+    assert "line 2: not JSON" in refused.stderr and "line 3: bad_delta" in refused.stderr
     assert "nothing was published" in refused.stderr
     assert published(settings) == 0
 
@@ -59,6 +59,31 @@ def test_jsonl_with_invalid_lines_sends_nothing_and_names_the_lines(settings: Se
     assert sent.returncode == 0, sent.stderr
     assert "published 2 event(s)" in sent.stdout
     assert published(settings) == 2
+
+
+def test_a_line_takes_the_same_defaults_and_times_as_the_flags(tmp_path: Path) -> None:
+    """One rule for both forms: occurred_at defaults to now and may be ISO-8601 with a zone; what cannot be
+    read is said in words. Checked before Kafka is even asked (none here)."""
+    path = tmp_path / "events.jsonl"
+    path.write_text(
+        '{"skill_id": "sk_1", "kind": "download"}\n'
+        '{"skill_id": "sk_1", "kind": "download", "occurred_at": "2026-12-01T07:30:00Z"}\n'
+        "not json at all\n"
+        '{"skill_id": "sk_1", "kind": "download", "occurred_at": "yesterday"}\n'
+        '{"skill_id": "sk_1", "kind": "download", "occurred_at": "2026-12-01T07:30:00"}\n'
+        "[1, 2]\n"
+    )
+    result = cli(Settings(kafka_bootstrap="127.0.0.1:1"), "publish", "--file", str(path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[:4] == [
+        "line 3: not JSON: Expecting value at column 1 (each line is one JSON object)",
+        "line 4: occurred_at: not epoch milliseconds or ISO-8601: 'yesterday'",
+        "line 5: occurred_at: give a timezone (e.g. a trailing Z for UTC): '2026-12-01T07:30:00'",
+        "line 6: not a JSON object (each line is one event object, {...})",
+    ]
+    assert "send the 2 valid ones" in lines[4]
+    assert "occurred_at to now" in " ".join(cli(Settings(), "publish", "--help").stdout.split())
 
 
 @SQLITE_ONLY

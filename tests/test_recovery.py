@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import uuid
@@ -212,3 +213,41 @@ def test_a_held_fence_lock_times_out_as_a_transient_error(restricted: tuple[Wind
     assert not is_data_error(caught.value)
     assert impatient.apply(downloads(0, range(5, 10))).applied == 5
     impatient.engine.dispose()
+
+
+def test_an_outage_is_logged_once_with_its_target_and_once_when_it_ends(caplog: pytest.LogCaptureFixture) -> None:
+    health = Health(target="postgresql://app:***@db/stats")
+    with caplog.at_level("INFO", logger="skillstats"):
+        for _ in range(5):
+            health.failing(RuntimeError("connection refused"))
+        health.ok()
+        health.ok()
+    said = [r.getMessage() for r in caplog.records if "degraded" in r.getMessage() or "answers again" in r.getMessage()]
+    assert len(said) == 2, said
+    assert said[0].startswith("degraded: postgresql://app:***@db/stats is failing (")
+    assert said[1].startswith("recovered: postgresql://app:***@db/stats answers again after")
+
+
+def test_a_waiting_dependency_is_warned_once_reminded_sparsely_and_its_return_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from skillstats.retry import Outage
+
+    outage = Outage(logging.getLogger("skillstats.test"))
+    with caplog.at_level("DEBUG", logger="skillstats.test"):
+        for _ in range(20):
+            outage.failed("waiting for Kafka at 127.0.0.1:1", "connection refused", 1.0)
+        outage.failed("waiting for the database sqlite:///x.db", "locked", 1.0)  # another cause: said at once
+        outage.recovered("Kafka and the database answer; starting")
+        outage.recovered("Kafka and the database answer; starting")  # no outage: nothing said
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    warnings = [m for level, m in lines if level == "WARNING"]
+    assert warnings == [
+        "waiting for Kafka at 127.0.0.1:1: connection refused (attempt 1, again in 1s)",
+        "waiting for the database sqlite:///x.db: locked (attempt 21, again in 1s)",
+    ]
+    reminders = [m for level, m in lines if level == "INFO" and "still" in m]
+    assert [m.rsplit("after ", 1)[1] for m in reminders] == [f"{n} attempts)" for n in (2, 4, 8, 16)]
+    assert [m for level, m in lines if "answer; starting" in m] == [
+        "Kafka and the database answer; starting (after 22 attempt(s))"
+    ]

@@ -67,7 +67,7 @@ def test_idle_worker_is_live_ready_and_quiet_and_a_failing_database_only_unreadi
 
     # Nothing above INFO while idle and healthy (the outage's own lines aside).
     lines = (tmp_path / "worker.log").read_text().splitlines()
-    outage = next(i for i, line in enumerate(lines) if "degraded: the database is failing" in line)
+    outage = next(i for i, line in enumerate(lines) if "degraded: " in line and " is failing (" in line)
     noisy = [line for line in lines[:outage] if any(f" {level} " in line for level in ("WARNING", "ERROR"))]
     assert noisy == [], noisy
 

@@ -7,6 +7,7 @@ topics and a consumer group of its own, so runs never see each other's events.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -19,7 +20,7 @@ import orjson
 from sqlalchemy import func, select
 from tqdm import tqdm
 
-from skillstats.config import Settings
+from skillstats.config import LIBRDKAFKA_LOG, Settings
 from skillstats.kafka import end_offsets, ensure_topics
 from skillstats.publisher import Publisher
 from skillstats.sinks.db import open_engine
@@ -32,6 +33,9 @@ EVENTS = int(os.environ.get("DEMO_EVENTS", "20000"))
 
 
 def main() -> int:
+    # librdkafka's own lines (a coordinator still loading, brokers connecting) would cut
+    # through the progress bars: the CLI shows them only with -v, and so does this.
+    LIBRDKAFKA_LOG.setLevel(logging.CRITICAL)
     state = Path(os.environ.get("SKILLSTATS_STATE_DIR", Path(__file__).resolve().parents[2] / ".local"))
     state.mkdir(parents=True, exist_ok=True)
     database = state / "demo.db"

@@ -125,13 +125,27 @@ start_node() {
   echo $! >"$dir/kafka.pid"
 }
 
+# start_failure N: the line of node N's logs that says why it stopped (a port taken, a bad setting),
+# not the shutdown chatter after it.
+start_failure() {
+  local logs found
+  logs=("$(node_dir "$1")/logs/server.log" "$(node_dir "$1")/logs/stdout.log")
+  found=$(grep -hoE "failed to bind to [^ ]+: Address already in use" "${logs[@]}" 2>/dev/null | head -n 1)
+  if [[ -n $found ]]; then
+    echo "a port is taken: $found; choose other ports with KAFKA_PORT=... (node i uses KAFKA_PORT+i-1 and $((controller_base - port))+ that for its controller)"
+    return
+  fi
+  found=$(grep -hE "ConfigException|KafkaException|ERROR" "${logs[@]}" 2>/dev/null | head -n 1)
+  echo "${found:-see the log}"
+}
+
 # wait_started [N]: every node, or node N only.
 wait_started() {
   local deadline=$((SECONDS + ${KAFKA_START_TIMEOUT:-120})) i ready first=${1:-1} last=${1:-$nodes}
   while :; do
     ready=0
     for ((i = first; i <= last; i++)); do
-      alive "$i" || { tail -n 40 "$(node_dir "$i")/logs/stdout.log" "$(node_dir "$i")/logs/server.log" >&2; die "node $i exited during start-up"; }
+      alive "$i" || die "node $i exited during start-up: $(start_failure "$i") (full log: $(node_dir "$i")/logs/server.log)"
       if grep -q "Kafka Server started" "$(node_dir "$i")/logs/server.log" 2>/dev/null &&
         (exec 3<>"/dev/tcp/127.0.0.1/$(broker_port "$i")") 2>/dev/null; then
         ready=$((ready + 1))

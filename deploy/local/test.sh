@@ -32,7 +32,7 @@ SKILLSTATS_TEST_KAFKA=$(deploy/local/kafka.sh bootstrap) # every node: the fault
 export SKILLSTATS_TEST_KAFKA
 deploy/local/postgres.sh status >/dev/null 2>&1 || { started_pg=1; deploy/local/postgres.sh start >/dev/null; }
 say "ruff"
-ruff check skillstats streams sinks tests deploy
+ruff check skillstats streams sinks bench tests deploy
 say "deploy tools"
 SKILLSTATS_TEST_KUSTOMIZE=$(ensure_kustomize)
 export SKILLSTATS_TEST_KUSTOMIZE

@@ -63,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = f"; did you mean {near[0]!r}?" if near else ""
         print(f"skillstats: no command {command!r}{hint} (skillstats --help lists them)", file=sys.stderr)
         return EXIT_USAGE
-    parser = build_parser(command)
+    # Without a command (`skillstats`, `skillstats --help`) no command's module is imported: the list is enough.
+    parser = build_parser(command or "")
     if not argv:
         parser.print_help()
         return EXIT_OK

@@ -1,4 +1,4 @@
-"""`skillstats bench`: throughput, memory and latency of each consumer (skillstats/bench.py, docs/performance.md)."""
+"""`skillstats bench`: throughput, memory and latency of each consumer (bench/, docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from skillstats.config import Settings
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from skillstats.bench import add_arguments
+    from skillstats_bench import add_arguments
 
     parser.description = (
         "For each workload (steady, backfill), preload a fresh topic and measure, in one run, each consumer from a "
@@ -27,7 +27,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from skillstats.bench import main_from_cli, workload_names
+    from skillstats_bench import main_from_cli, workload_names
 
     try:
         workload_names(args.workload)

@@ -26,20 +26,36 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=-1,
         help="replication factor (default: the broker's default.replication.factor)",
     )
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for Kafka (default 30)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for Kafka (default %(default)g)")
     parser.add_argument("--skip-topics", action="store_true", help="only migrate the SQL schema")
     parser.add_argument("--skip-schema", action="store_true", help="only create the topics")
+    parser.add_argument(
+        "--demo-registry",
+        action="store_true",
+        help="also give the skills `publish --demo` publishes for (sk_000000...) rows in the registry's skills "
+        "table, where they have none, so that docsync has rows to update; for demo stacks without a registry",
+    )
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.demo_registry and args.skip_schema:
+        raise UsageError("--demo-registry writes to the database: not with --skip-schema")
     # The database first: a wrong URL must not leave topics created behind a failed init.
     if not args.skip_schema:
         from skillstats.sinks.db import open_engine
         from skillstats.sinks.migrate import upgrade
 
-        before, after = upgrade(open_engine(settings.database_url))
+        engine = open_engine(settings.database_url)
+        before, after = upgrade(engine)
         state = "up to date" if before == after else f"migrated {before or 'empty'} -> {after}"
         print(f"schema {redact_url(settings.database_url)}: {state}")
+        if args.demo_registry:
+            from skillstats.sinks.docstats import register_missing_skills
+            from skillstats.workload import demo_registry
+
+            with engine.begin() as connection:
+                added = register_missing_skills(connection, demo_registry())
+            print(f"demo registry: {added} skill row(s) added, {len(demo_registry()) - added} already there")
     if not args.skip_topics:
         from skillstats.dlq import DLQ_TOPIC_CONFIG
         from skillstats.kafka import (

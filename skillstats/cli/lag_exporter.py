@@ -42,7 +42,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if not args.metrics_port:
         raise UsageError("the lag-exporter only serves metrics: give it a --metrics-port")
     path = sqlite_path(settings.database_url)
-    refuse_early(settings, "lag-exporter")
 
     def open_database() -> Any:
         # The exporter never creates a database: until there is one it serves Kafka's view only.
@@ -53,6 +52,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     exporter = LagExporter(settings, interval=args.interval, timeout=args.timeout, open_database=open_database)
     REGISTRY.register(exporter)
     server = serve(args.metrics_host, args.metrics_port, Probes(exporter.live, exporter.live), REGISTRY)
+    refuse_early(settings, "lag-exporter")  # after the port: a taken port is said at once
     exporter.start()
     print(
         f"skillstats lag-exporter: measuring {settings.windows_group} and {settings.docsync_group} on "

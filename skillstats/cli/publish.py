@@ -39,10 +39,9 @@ from skillstats.contract import (
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "Publish stat events and wait until the broker confirms every one. Either give one event "
-        "with --skill-id and --kind, or --file with one JSON object per line in the wire format (v and "
-        "event_id may be left out: v defaults to 1 and event_id to a fresh UUID). Every line is validated "
-        "before anything is sent; invalid lines are listed with their numbers and nothing is published "
+        "Publish stat events and wait until the broker confirms every one. Either give one event with "
+        "--skill-id and --kind, or --file with one JSON object per line. " + INPUT_RULE + " Every line is "
+        "validated before anything is sent; invalid lines are listed with their numbers and nothing is published "
         "unless --skip-invalid is given."
     )
     kafka_options(parser)
@@ -79,6 +78,18 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 yield number, line
 
 
+# The one rule for an event given to `publish`, as a line or with flags (--help says it): the wire
+# format's fields (docs/contract.md), with `v` defaulting to 1, `event_id` to a fresh UUID and
+# `occurred_at` to now, and `occurred_at` also taken as ISO-8601 with a zone. What is sent is
+# always the strict wire format; this is only the command's input.
+INPUT_RULE = (
+    "An event, as a line of --file or with the flags, has the wire format's fields (docs/contract.md): "
+    "skill_id, kind, occurred_at, and delta {all_time, current} for install_clear. v defaults to 1, event_id "
+    "to a fresh UUID, occurred_at to now; occurred_at is epoch milliseconds or ISO-8601 with a zone "
+    "(2026-12-01T07:30:00Z)."
+)
+
+
 def read_jsonl(path: Path, now_ms: int) -> tuple[list[StatEvent], list[str]]:
     """Validate every line of a JSONL file; returns the events and one message per bad line."""
     events: list[StatEvent] = []
@@ -87,21 +98,49 @@ def read_jsonl(path: Path, now_ms: int) -> tuple[list[StatEvent], list[str]]:
         try:
             body = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            problems.append(f"line {number}: malformed: {exc}")
+            problems.append(f"line {number}: not JSON: {_json_error(line, exc)} (each line is one JSON object)")
             continue
         repeated = duplicate_member(line, body)
         if repeated is not None:
             problems.append(f"line {number}: malformed: the member {repeated!r} appears twice (RFC 7493)")
             continue
-        if isinstance(body, dict):
-            body.setdefault("v", WIRE_VERSION)
-            body.setdefault("event_id", uuid.uuid4().hex)
+        if not isinstance(body, dict):
+            problems.append(f"line {number}: not a JSON object (each line is one event object, {{...}})")
+            continue
+        body.setdefault("v", WIRE_VERSION)
+        body.setdefault("event_id", uuid.uuid4().hex)
+        when = body.get("occurred_at")
+        if when is None:
+            body["occurred_at"] = now_ms
+        elif isinstance(when, str):
+            try:
+                body["occurred_at"] = parse_time_ms(when)
+            except argparse.ArgumentTypeError as exc:
+                problems.append(f"line {number}: occurred_at: {exc}")
+                continue
         result = from_mapping(body, now_ms, check_key=False)
         if isinstance(result, Invalid):
             problems.append(f"line {number}: {result.reason}: {result.message}")
         else:
             events.append(result)
     return events, problems
+
+
+def _published(count: int, settings: Settings) -> str:
+    return f"published {count} event(s) to {settings.topic} on {settings.kafka_bootstrap} (confirmed by the broker)"
+
+
+def _json_error(line: bytes, exc: orjson.JSONDecodeError) -> str:
+    """What is wrong with a line that is not JSON, in words (the standard library's), with the column."""
+    import json
+
+    try:
+        json.loads(line)
+    except ValueError as reason:
+        if isinstance(reason, json.JSONDecodeError):
+            return f"{reason.msg} at column {reason.colno}"
+        return str(reason)
+    return str(exc)
 
 
 def _progress(total: int, out: TextIO) -> object:
@@ -171,7 +210,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 progress.update(1000)  # type: ignore[attr-defined]
         progress.update(len(events) % 1000)  # type: ignore[attr-defined]
     progress.close()  # type: ignore[attr-defined]
-    print(f"published {publisher.delivered} event(s) to {settings.topic} (confirmed by the broker)")
+    print(_published(publisher.delivered, settings))
     return EXIT_OK
 
 
@@ -179,7 +218,7 @@ def _publish_demo(settings: Settings, rate: int, limit: int | None, timeout: flo
     """A steady stream of generated events, one second's worth at a time, until SIGTERM/SIGINT or `limit`."""
     from skillstats.kafka import partition_count
     from skillstats.publisher import Publisher
-    from skillstats.workload import generate
+    from skillstats.workload import DEMO_SKILLS, generate
 
     partition_count(settings, settings.topic)
     stop = threading.Event()
@@ -190,12 +229,12 @@ def _publish_demo(settings: Settings, rate: int, limit: int | None, timeout: flo
     with Publisher(settings, flush_timeout=timeout) as publisher:
         while not stop.is_set() and (limit is None or sent < limit):
             count = rate if limit is None else min(rate, limit - sent)
-            for record in generate(count, now_ms=int(time.time() * 1000), skills=500, seed=tick, days=2):
+            for record in generate(count, now_ms=int(time.time() * 1000), skills=DEMO_SKILLS, seed=tick, days=2):
                 publisher.send_raw(record.key, record.value)
             publisher.flush(timeout)
             sent, tick = sent + count, tick + 1
             if tick % 60 == 0:
                 print(f"{sent:,} events published", flush=True)
             stop.wait(max(0.0, began + tick - time.monotonic()))
-    print(f"published {publisher.delivered} event(s) to {settings.topic} (confirmed by the broker)")
+    print(_published(publisher.delivered, settings))
     return EXIT_OK

@@ -15,7 +15,7 @@ events fold into a few hundred (skill, hour) rows per batch, a backfill's into
 nearly one row per event, so rows/s is reported beside events/s.
 
 The consumer roles (`bare`, `decode`, `naive-faust`) also run from here, as
-`python -m skillstats.bench ROLE ...`, so that each is measured in isolation.
+`python -m skillstats_bench ROLE ...`, so that each is measured in isolation.
 """
 
 from __future__ import annotations
@@ -650,7 +650,7 @@ def run(
         runs.append(WorkloadRun(workload, topic, publish_rate, results))
         for role, name in (("bare", "a. bare confluent-kafka loop"), ("decode", "b. loop + decode/validate")):
             if role not in skip:
-                argv = [python, "-m", "skillstats.bench", role, bench.kafka_bootstrap, topic, group(), str(events)]
+                argv = [python, "-m", "skillstats_bench", role, bench.kafka_bootstrap, topic, group(), str(events)]
                 results.append(_measure(f"{name}", argv, env, events, None))
         for workers, case in ((1, "windows"), (2, "two-workers")):
             for label, url in databases.items():
@@ -699,7 +699,7 @@ def run(
                     [
                         python,
                         "-m",
-                        "skillstats.bench",
+                        "skillstats_bench",
                         "librdkafka-sink",
                         bench.kafka_bootstrap,
                         topic,
@@ -732,7 +732,7 @@ def run(
         first.results.append(
             _measure(
                 "e. naive faust (Table update per event)",
-                [python, "-m", "skillstats.bench", "naive-faust", bench.kafka_bootstrap, first.topic, naive_group],
+                [python, "-m", "skillstats_bench", "naive-faust", bench.kafka_bootstrap, first.topic, naive_group],
                 env,
                 sum(wanted.values()),
                 naive_done,
@@ -868,8 +868,9 @@ def main_from_cli(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    role, *rest = sys.argv[1:]
+def run_role(argv: list[str]) -> None:
+    """One measured consumer in its own process: `python -m skillstats_bench ROLE ...` (see bench/__main__.py)."""
+    role, *rest = argv
     if role in ("bare", "decode"):
         _role_loop(rest[0], rest[1], rest[2], int(rest[3]), decode_records=role == "decode")
     elif role == "librdkafka-sink":
