@@ -8,7 +8,9 @@ up, the ratio of that rate to the bare confluent-kafka loop (the ceiling on
 this machine), the process's CPU seconds per million events (user + system,
 process start to exit, from `wait4`), the SQL rows its upserts wrote per
 second, the wall time from process start and the peak RSS. A second part
-offers a steady load and measures publish-to-visible-in-SQL latency.
+offers a steady load and measures publish-to-visible-in-SQL latency; a third
+(case i, bench/ingest.py) measures `skillstats ingest` beside the direct
+Python publisher.
 
 The workloads differ in what the same number of events costs in SQL: near-now
 events fold into a few hundred (skill, hour) rows per batch, a backfill's into
@@ -632,6 +634,8 @@ def run(
     latency_seconds: int,
     naive_events: int = 200_000,
     workloads: list[Workload] | None = None,
+    ingest_rate: int = 500,
+    ingest_seconds: int = 20,
 ) -> str:
     run_id = uuid.uuid4().hex[:8]
     env = dict(os.environ)
@@ -749,7 +753,13 @@ def run(
         label, url = next(reversed(databases.items()))
         _log(f"latency: {latency_rate:,} events/s for {latency_seconds}s into windows ({label})")
         latency = (label, *_latency(settings, url, latency_rate, latency_seconds))
-    return report(runs, events, skills, latency, latency_rate, latency_seconds)
+    table = report(runs, events, skills, latency, latency_rate, latency_seconds)
+    if "ingest" not in skip:
+        from skillstats_bench.ingest import measure as measure_ingest
+
+        _log("i. skillstats ingest beside the direct publisher")
+        table += "\n\n" + measure_ingest(settings, min(events, 400_000), rate=ingest_rate, seconds=ingest_seconds)
+    return table
 
 
 def report(
@@ -812,7 +822,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--skip",
         default="",
-        help="comma-separated: bare,decode,windows,two-workers,librdkafka-sink,docsync,naive,perftest,latency",
+        help="comma-separated: bare,decode,windows,two-workers,librdkafka-sink,docsync,naive,perftest,latency,ingest",
     )
     parser.add_argument(
         "--naive-events",
@@ -822,6 +832,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--latency-rate", type=int, default=5000, help="offered events/s for the latency part")
     parser.add_argument("--latency-seconds", type=int, default=60, help="length of the latency part (0: skip)")
+    parser.add_argument(
+        "--ingest-rate", type=int, default=500, help="single-event requests/s offered to skillstats ingest (case i)"
+    )
+    parser.add_argument("--ingest-seconds", type=int, default=20, help="length of case i's latency part")
     parser.add_argument(
         "--soak-events",
         type=int,
@@ -857,6 +871,8 @@ def main_from_cli(args: argparse.Namespace, settings: Settings) -> int:
             latency_seconds=args.latency_seconds,
             naive_events=args.naive_events,
             workloads=[WORKLOADS[n] for n in names],
+            ingest_rate=args.ingest_rate,
+            ingest_seconds=args.ingest_seconds,
         )
         if args.soak_events:
             table += "\n\n" + soak(

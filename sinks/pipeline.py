@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
+from skillstats.config import redact_url
 from skillstats.contract import decode_many
 from skillstats.dlq import H_REPLAYED_FROM, REJECTED_BY_DATABASE, DeadLetters, MarkUpdates, Parcel
 from skillstats.kafka import RawRecord
@@ -163,7 +164,7 @@ class WindowsPipeline:
         self.ownership = ownership
         self.topic_ids = positions.topic_ids if positions is not None else None
         self.stop = threading.Event()
-        self.health = Health(target=sink.engine.url.render_as_string(hide_password=True))
+        self.health = Health(target=redact_url(sink.engine.url.render_as_string(hide_password=False)))
         self.metrics = PipelineMetrics(sink.group_id)
         watch_health(sink.group_id, self.health)
 

@@ -151,3 +151,19 @@ dlq_replays = Table(
         unique=True,
     ),
 )
+
+# The requests `skillstats ingest` answered with 202 under an Idempotency-Key, so that the
+# same request sent again is answered the same and published once (skillstats/ingest/
+# idempotency.py). `key` is the token's scope and the client's key; `body_sha256` refuses
+# the same key with another body; a row with no `status` is a request in flight, claimed
+# at `claimed_at` (a lease: docs/contract.md, HTTP). Rows go after `expires_at`.
+ingest_requests = Table(
+    "skillstats_ingest_requests",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("body_sha256", Text, nullable=False),
+    Column("status", Integer, nullable=True),
+    Column("response", Text, nullable=True),
+    Column("claimed_at", DateTime, nullable=False),
+    Column("expires_at", DateTime, nullable=False, index=True),
+)

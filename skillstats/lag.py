@@ -471,7 +471,10 @@ class LagExporter(Collector):
             self.snapshot = self._probe.measure(groups_of(self.settings), self.applied)
             self.last_success = time.time()
             if not self.kafka_up:
-                log.info("measuring lag of %s on %s", self.settings.topic, self.settings.kafka_bootstrap)
+                # The first measurement at INFO; the end of an outage at WARNING, like its start.
+                level = logging.WARNING if self.last_success else logging.INFO
+                again = " again" if self.last_success else ""
+                log.log(level, "measuring lag of %s on %s%s", self.settings.topic, self.settings.kafka_bootstrap, again)
             self.kafka_up = True
         except Exception as exc:
             if self.kafka_up or self.last_success == 0.0:
@@ -505,7 +508,10 @@ class LagExporter(Collector):
             self.applied = fences
             if not self.database_up:
                 again = " again" if self._database_failed else ""
-                log.info("reading fences and docsync runs from %s%s", redact_url(self.settings.database_url), again)
+                level = logging.WARNING if self._database_failed else logging.INFO
+                log.log(
+                    level, "reading fences and docsync runs from %s%s", redact_url(self.settings.database_url), again
+                )
             self.database_up = True
             self._database_failed = False
         except Exception as exc:

@@ -133,6 +133,65 @@ DOCSYNC_DURATION = Gauge(
     ["group"],
 )
 
+INGEST_REQUESTS = Counter(
+    "skillstats_ingest_requests",
+    "Requests `skillstats ingest` answered on /v1/events, by HTTP status",
+    ["status"],
+)
+INGEST_EVENTS_ACCEPTED = Counter(
+    "skillstats_ingest_events_accepted",
+    "Events `skillstats ingest` published (their transaction committed) and answered 202 for",
+)
+INGEST_EVENTS_REJECTED = Counter(
+    "skillstats_ingest_events_rejected",
+    "Invalid events `skillstats ingest` refused (400; nothing of their request was published), by reason",
+    ["reason"],
+)
+INGEST_ACCEPT_SECONDS = Histogram(
+    "skillstats_ingest_accept_seconds",
+    "From a request's arrival to its 202: reading, validating, the Kafka transaction, the idempotency key",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+INGEST_TRANSACTIONS = Counter(
+    "skillstats_ingest_transactions",
+    "Kafka transactions of `skillstats ingest`, by outcome: committed, aborted (its requests got 503), unknown "
+    "(500: the producer failed mid-commit)",
+    ["outcome"],
+)
+
+INGEST_IN_FLIGHT = Gauge(
+    "skillstats_ingest_requests_in_flight",
+    "Requests on /v1/events being read, validated or published right now",
+)
+INGEST_QUEUED = Gauge(
+    "skillstats_ingest_producer_queue_records",
+    "Records waiting in the ingest producer's queue (librdkafka's), not yet acknowledged",
+)
+
+
+class IngestMetrics:
+    """`skillstats ingest`'s hooks: one call per answered request, and the producer's queue read at scrape time."""
+
+    def __init__(self, queued_records: Callable[[], int]) -> None:
+        self._status: dict[int, Counter] = {}
+        INGEST_QUEUED.set_function(queued_records)
+
+    def answered(self, status: int, accepted: int, rejected: Mapping[str, int], seconds: float | None) -> None:
+        child = self._status.get(status)
+        if child is None:
+            child = self._status[status] = INGEST_REQUESTS.labels(str(status))
+        child.inc()
+        if accepted:
+            INGEST_EVENTS_ACCEPTED.inc(accepted)
+        for reason, count in rejected.items():
+            INGEST_EVENTS_REJECTED.labels(reason).inc(count)
+        if seconds is not None:
+            INGEST_ACCEPT_SECONDS.observe(seconds)
+
+    def transaction(self, outcome: str) -> None:
+        INGEST_TRANSACTIONS.labels(outcome).inc()
+
+
 _watched: dict[str, Health] = {}
 
 

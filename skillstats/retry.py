@@ -30,8 +30,10 @@ class Outage:
 
     The first failure of a streak at WARNING, saying what is failing (with a masked
     target) and why; a reminder at INFO on the 2nd, 4th, 8th ... attempt, so a long
-    outage stays visible in the log without filling it; one INFO line when it works
-    again. A different failure (another target, another reason) is said at once.
+    outage stays visible in the log (with -v) without filling it; one line when it
+    works again, at WARNING like the failure, so a process logging only warnings (the
+    default) shows both ends. A different failure (another target, another reason)
+    is said at once.
     """
 
     log: logging.Logger
@@ -43,12 +45,12 @@ class Outage:
         self.attempts += 1
         if self.said != f"{what}: {problem}":
             self.said = f"{what}: {problem}"
-            self.log.warning("%s: %s (attempt %d, again in %.0fs)", what, problem, self.attempts, retry_in)
+            self.log.warning("%s: %s (attempt %d, again in %.1fs)", what, problem, self.attempts, retry_in)
         elif self.attempts & (self.attempts - 1) == 0:
             self.log.info("%s: %s (still, after %d attempts)", what, problem, self.attempts)
 
     def recovered(self, message: str) -> None:
-        """`message` at INFO if this was failing; either way the streak is over."""
+        """`message` (at WARNING) if this was failing; either way the streak is over."""
         if self.said is not None:
-            self.log.info("%s (after %d attempt(s))", message, self.attempts + 1)
+            self.log.warning("%s (after %d attempt(s))", message, self.attempts + 1)
         self.attempts, self.said = 0, None

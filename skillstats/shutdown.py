@@ -28,9 +28,14 @@ LEAVE_RESERVE_S = 3.0
 class ShutdownWatchdog:
     """Exits the process (status 3, a message on stderr) if it is still running `budget` s after start()."""
 
-    def __init__(self, command: str, budget: float) -> None:
+    def __init__(self, command: str, budget: float, consequence: str = "") -> None:
         self.command = command
         self.budget = budget
+        # What an unclean stop leaves, in the words of this command; the consumers' by default.
+        self.consequence = consequence or (
+            "Nothing is lost: the SQL fences hold what was applied, and the next owner of the partitions starts "
+            "from them."
+        )
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
 
@@ -45,8 +50,7 @@ class ShutdownWatchdog:
     def _overrun(self) -> None:
         print(
             f"skillstats {self.command}: shutdown took longer than its budget of {self.budget:g}s (a database or "
-            f"broker not answering); exiting {EXIT_SHUTDOWN_OVERRUN} without a clean stop. Nothing is lost: the SQL "
-            f"fences hold what was applied, and the next owner of the partitions starts from them.",
+            f"broker not answering); exiting {EXIT_SHUTDOWN_OVERRUN} without a clean stop. {self.consequence}",
             file=sys.stderr,
             flush=True,
         )

@@ -47,7 +47,7 @@ from typing import Any
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, TopicPartition
 from sqlalchemy import insert, update
 
-from skillstats.config import Settings
+from skillstats.config import Settings, redact_url
 from skillstats.contract import decode_many
 from skillstats.kafka import KafkaUnreachable, TopicMissing, watermarks
 from skillstats.metrics import Probes, drain_finished, serve
@@ -397,7 +397,7 @@ class DocSync:
                     log.warning(
                         "database error applying partitions %s on %s (attempt %d, next chunk %d): %s",
                         [p.partition for p in batch],
-                        self.engine.url.render_as_string(hide_password=True),
+                        redact_url(self.engine.url.render_as_string(hide_password=False)),
                         attempt,
                         chunk,
                         describe(exc),

@@ -79,13 +79,14 @@ class WorkerProcess:
     # Every worker a test starts; conftest kills those still running when the test
     # ends, so a failing test cannot leave a worker behind in a later test's way.
     started: ClassVar[list[WorkerProcess]] = []
+    command: ClassVar[tuple[str, ...]] = ("windows", "--log-level", "debug")
 
     def __init__(self, settings: Settings, log_path: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         WorkerProcess.started.append(self)
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "skillstats.cli", "windows", "--log-level", "debug", *extra],
+            [sys.executable, "-m", "skillstats.cli", *self.command, *extra],
             env=settings_env(settings) if env is None else env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -242,6 +243,12 @@ def read_records(settings: Settings, topic: str) -> list[TopicRecord]:
                 )
                 if message.offset() + 1 >= remaining.get(message.partition(), 0):
                     remaining.pop(message.partition(), None)
+            # Past the last record may lie a transaction marker (or aborted records): never handed over, the
+            # position moves past them all the same.
+            if remaining:
+                for position in consumer.position([TopicPartition(topic, p) for p in remaining]):
+                    if position.offset >= remaining[position.partition]:
+                        remaining.pop(position.partition, None)
         assert not remaining, f"could not read {topic} to its end: {remaining}"
         return records
     finally:

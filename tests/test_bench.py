@@ -32,6 +32,10 @@ def test_bench_smoke(settings: Settings, database_url: str, tmp_path: object) ->
             "3",
             "--latency-rate",
             "300",
+            "--ingest-rate",
+            "100",
+            "--ingest-seconds",
+            "2",
         ],
         env=settings_env(settings),
         capture_output=True,
@@ -67,6 +71,9 @@ def test_bench_smoke(settings: Settings, database_url: str, tmp_path: object) ->
                 assert 0 < parse_number(row["SQL rows upserted/s"]) <= 2 * parse_number(row["events/s (steady)"]), row
         assert not [name for name in rows if name.startswith(tuple(first_only))] or workload == "steady"
     assert re.search(r"p50 \d+ ms, p99 \d+ ms", result.stdout), result.stdout
+    # Case i: ingest beside the direct publisher, and its single-event latency.
+    assert re.search(r"\| `skillstats ingest`, 1,000-event requests \| [\d,]+ \| \d+\.\d\d \|", result.stdout)
+    assert re.search(r"accept latency \(due -> 202\) p50 [\d.]+ ms, p99 [\d.]+ ms; 0 not answered", result.stdout)
 
 
 def parse_number(cell: str) -> float:
@@ -81,6 +88,8 @@ def sections_by_workload(report: str) -> dict[str, dict[str, dict[str, str]]]:
     for line in report.splitlines():
         if match := re.match(r"### Workload `(\w+)`", line):
             current = sections.setdefault(match.group(1), {})
+        elif line.startswith("### "):  # another part (case i): not a workload's table
+            current, header = {}, []
         elif line.startswith("| consumer |"):
             header = [cell.strip() for cell in line.strip("|").split("|")]
         elif line.startswith("| ") and header and not line.startswith("|---"):

@@ -16,6 +16,7 @@ from tests.test_publish import cli
 KAFKA_COMMANDS = [
     ["init"],
     ["publish"],
+    ["ingest"],
     ["windows"],
     ["docsync"],
     ["status"],
@@ -168,6 +169,10 @@ def test_every_default_a_help_text_names_is_the_default_the_code_uses() -> None:
 
 def test_the_demo_registry_gives_the_demo_publishers_skills_rows_docsync_updates(settings: Settings) -> None:
     """`init --demo-registry` then `publish --demo`: docsync finds a row for every skill the demo publishes."""
+    from sqlalchemy import select
+
+    from skillstats.sinks.db import open_engine
+    from skillstats.sinks.schema import skills
     from tests.helpers import actual_docstats, run_docsync, seed_registry
 
     seed_registry(settings, {"sk_000001": "someone_else"})  # a row that exists already is left as it is
@@ -181,9 +186,14 @@ def test_the_demo_registry_gives_the_demo_publishers_skills_rows_docsync_updates
     code, (summary,) = run_docsync(settings)
     assert code == 0
     assert summary["events_read"] == 2000 and summary["unknown_skill_events"] == 0, summary
-    skill_rows, owner_rows = actual_docstats(settings)
+    skill_rows, _owner_rows = actual_docstats(settings)
     assert sum(downloads for downloads, _, _ in skill_rows.values()) > 0
-    assert "someone_else" in owner_rows or skill_rows["sk_000001"] == (0, 0, 0)
+    engine = open_engine(settings.database_url)
+    with engine.connect() as connection:
+        owner = connection.execute(select(skills.c.owner_id).where(skills.c.id == "sk_000001")).scalar_one()
+        demo_owner = connection.execute(select(skills.c.owner_id).where(skills.c.id == "sk_000002")).scalar_one()
+    engine.dispose()
+    assert (owner, demo_owner) == ("someone_else", "user_002")
     # Without the schema step there is nothing to write to: said, not ignored.
     refused = cli(settings, "init", "--skip-schema", "--demo-registry")
     assert refused.returncode == 2 and "--demo-registry" in refused.stderr

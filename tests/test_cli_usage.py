@@ -23,6 +23,24 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["publish", "--bogus"], "skillstats publish: unrecognized arguments: --bogus"),
+        (["windows", "--batch-size", "zero"], "skillstats windows: argument --batch-size"),
+        (["fences", "reset"], "skillstats fences reset: the following arguments are required"),
+        (["dlq", "list", "--again"], "skillstats dlq: unrecognized arguments: --again"),
+        (["ingest", "--publish-timeout", "0"], "skillstats ingest: argument --publish-timeout"),
+        (["top", "--by", "stars"], "skillstats top: argument --by: invalid choice"),
+    ],
+)
+def test_a_usage_mistake_is_one_line_that_points_to_the_help(args: list[str], said: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert result.stderr.startswith(said) and "--help lists the options" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 @pytest.mark.parametrize("every", ["6", "0s", "-5m", "6 hours", "h", "nans"])
 def test_docsync_every_needs_a_positive_interval_with_a_unit(every: str) -> None:
     result = run_cli("docsync", f"--every={every}")

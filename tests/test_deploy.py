@@ -162,7 +162,10 @@ def restricted_profile_problems(where: str, spec: dict[str, Any]) -> list[str]:
 
 def test_every_pod_meets_the_restricted_profile(rendered: list[dict[str, Any]]) -> None:
     specs = list(pod_specs(rendered))
-    assert len(specs) >= 4  # windows, lag-exporter, docsync, init (and prune where the overlay has it)
+    # windows, lag-exporter, docsync, init; and prune and ingest where the overlay takes those components.
+    names = {re.sub(r"-\d.*$", "", where.split("/")[1].removeprefix("skillstats-")) for where, _spec in specs}
+    base = {"windows", "lag-exporter", "docsync", "init"}
+    assert names in (base, base | {"prune", "ingest"}), names
     problems = [problem for where, spec in specs for problem in restricted_profile_problems(where, spec)]
     assert problems == []
     # The check can fail: a root container with its privileges left in place is caught.
@@ -182,7 +185,6 @@ def test_windows_workers_probes_and_shutdown(rendered: list[dict[str, Any]]) -> 
             "apiVersion": "apps/v1",
             "kind": "StatefulSet",
             "name": "skillstats-windows",
-            "envSourceContainerName": "windows",
         }
     else:
         assert workers["spec"]["replicas"] <= PARTITIONS
@@ -207,61 +209,77 @@ def test_windows_workers_probes_and_shutdown(rendered: list[dict[str, Any]]) -> 
 
 
 def keda_problems(objects: list[dict[str, Any]]) -> list[str]:
-    """Where a KEDA trigger names the bootstrap, group or topic itself instead of reading the workers' settings."""
-    problems = []
-    configs = {o["metadata"]["name"]: o.get("data", {}) for o in objects if o["kind"] == "ConfigMap"}
+    """Where a KEDA trigger's bootstrap, group or topic differs from the ConfigMap the windows workers read."""
+    workers = by_kind(objects, "StatefulSet", "skillstats-windows")["spec"]["template"]["spec"]["containers"][0]
+    (config_name,) = [e["configMapRef"]["name"] for e in workers["envFrom"] if "configMapRef" in e]
+    config = next(o["data"] for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == config_name)
     wanted = {
-        "bootstrapServersFromEnv": "SKILLSTATS_KAFKA_BOOTSTRAP",
-        "consumerGroupFromEnv": "SKILLSTATS_WINDOWS_GROUP",
-        "topicFromEnv": "SKILLSTATS_TOPIC",
+        "bootstrapServers": "SKILLSTATS_KAFKA_BOOTSTRAP",
+        "consumerGroup": "SKILLSTATS_WINDOWS_GROUP",
+        "topic": "SKILLSTATS_TOPIC",
     }
+    problems = []
     for scaled in (o for o in objects if o["kind"] == "ScaledObject"):
-        target = scaled["spec"]["scaleTargetRef"]
-        workload = by_kind(objects, target["kind"], target["name"])
-        containers = {c["name"]: c for c in workload["spec"]["template"]["spec"]["containers"]}
-        container = containers.get(target.get("envSourceContainerName", ""))
-        if container is None:
-            problems.append(f"ScaledObject: envSourceContainerName names none of {sorted(containers)}")
-            continue
-        environment = {e["name"]: e.get("value") for e in container.get("env", [])}
-        for source in container.get("envFrom", []):
-            if "configMapRef" in source:
-                environment.update(next(v for k, v in configs.items() if k.startswith(source["configMapRef"]["name"])))
+        if scaled["spec"]["scaleTargetRef"]["name"] != "skillstats-windows":
+            problems.append(f"ScaledObject scales {scaled['spec']['scaleTargetRef']['name']}")
         for trigger in scaled["spec"]["triggers"]:
-            metadata = trigger["metadata"]
-            for literal in ("bootstrapServers", "consumerGroup", "topic"):
-                if literal in metadata:
-                    problems.append(f"ScaledObject: {literal}: {metadata[literal]!r} is a copy of a setting")
             for key, variable in wanted.items():
-                if metadata.get(key) != variable:
-                    problems.append(f"ScaledObject: {key} should be {variable}, is {metadata.get(key)!r}")
-                elif environment.get(variable) in (None, ""):
-                    problems.append(f"ScaledObject: {variable} is not in the {container['name']} container's env")
+                if trigger["metadata"].get(key) != config.get(variable):
+                    problems.append(f"ScaledObject: {key} {trigger['metadata'].get(key)!r}, workers' {variable}")
+            problems += [f"ScaledObject: {k} reads an env KEDA caches" for k in trigger["metadata"] if "FromEnv" in k]
     return problems
 
 
-def test_keda_scales_on_the_group_and_topic_the_workers_read() -> None:
-    """One source for the bootstrap, group and topic: the ConfigMap the windows container reads."""
+def test_keda_scales_on_the_group_and_topic_the_workers_read(tmp_path: Path) -> None:
+    """One source for the bootstrap, group and topic: the ConfigMap, copied into the trigger's spec (KEDA caches a
+    scaler per generation of its ScaledObject, so a value read from the pods' env would go stale)."""
     objects = render(RENDERINGS["production"])
     assert [o for o in objects if o["kind"] == "ScaledObject"], "the production overlay scales with KEDA"
     assert keda_problems(objects) == []
-    # The check can fail: a copied group, a variable the container does not have, a wrong container.
-    for key, path, value in (
-        ("consumerGroup", ("triggers", 0, "metadata"), "skillstats-windows"),
-        ("topicFromEnv", ("triggers", 0, "metadata"), "SKILLSTATS_NO_SUCH_TOPIC"),
-        ("envSourceContainerName", ("scaleTargetRef",), "sidecar"),
-    ):
+    # A renamed group and topic in the overlay's ConfigMap: KEDA's trigger follows, nothing else to edit.
+    shutil.copytree(K8S, tmp_path / "k8s")
+    overlay = tmp_path / "k8s" / "overlays" / "production" / "kustomization.yaml"
+    text = overlay.read_text()
+    assert "      - SKILLSTATS_KAFKA_BOOTSTRAP=" in text
+    overlay.write_text(
+        text.replace(
+            "      - SKILLSTATS_KAFKA_BOOTSTRAP=",
+            "      - SKILLSTATS_WINDOWS_GROUP=renamed-windows\n      - SKILLSTATS_TOPIC=renamed-topic\n"
+            "      - SKILLSTATS_KAFKA_BOOTSTRAP=",
+        )
+    )
+    renamed = render(overlay.parent)
+    assert keda_problems(renamed) == []
+    trigger = next(o for o in renamed if o["kind"] == "ScaledObject")["spec"]["triggers"][0]["metadata"]
+    assert (trigger["consumerGroup"], trigger["topic"]) == ("renamed-windows", "renamed-topic")
+    # The check can fail: a copied group, an env-read topic.
+    for key, value in (("consumerGroup", "skillstats-windows-old"), ("topicFromEnv", "SKILLSTATS_TOPIC")):
         broken = copy.deepcopy(objects)
-        where: Any = next(o for o in broken if o["kind"] == "ScaledObject")["spec"]
-        for step in path:
-            where = where[step]
-        where[key] = value
+        next(o for o in broken if o["kind"] == "ScaledObject")["spec"]["triggers"][0]["metadata"][key] = value
         assert keda_problems(broken), key
+
+
+def test_every_pod_that_names_a_kafka_ca_mounts_it(rendered: list[dict[str, Any]]) -> None:
+    configs = {o["metadata"]["name"]: o.get("data", {}) for o in rendered if o["kind"] == "ConfigMap"}
+    checked = 0
+    for where, spec in pod_specs(rendered):
+        for container in spec["containers"]:
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            for source in container.get("envFrom", []):
+                if "configMapRef" in source:
+                    env.update(configs[source["configMapRef"]["name"]])
+            ca = env.get("SKILLSTATS_KAFKA_SSL_CA_LOCATION")
+            if ca:
+                mounts = [m["mountPath"].rstrip("/") + "/" for m in container.get("volumeMounts", [])]
+                assert any(ca.startswith(m) for m in mounts), f"{where}: {ca} is in no volume ({mounts})"
+                checked += 1
+    if any("SKILLSTATS_KAFKA_SSL_CA_LOCATION" in c for c in configs.values()):
+        assert checked == len(list(pod_specs(rendered)))
 
 
 def test_images_name_a_registry_and_the_init_job_is_named_per_release(rendered: list[dict[str, Any]]) -> None:
     """No container image resolves to Docker Hub by accident; the base's tag is the project's version; the
-    deploying overlay's init Job is named after its image tag (a Job's pod template cannot change)."""
+    deploying overlay's release (its version label) is its image tag and names the init Job, validly."""
     version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
     assert version is not None
     images = {c["image"] for _, spec in pod_specs(rendered) for c in spec["containers"]}
@@ -271,13 +289,18 @@ def test_images_name_a_registry_and_the_init_job_is_named_per_release(rendered: 
         assert "/" in name and ("." in host or host == "localhost"), f"{image}: no registry host"
         assert tag and tag != "latest", image
     assert len(images) == 1, images
+    (image,) = images
     (init,) = [o for o in rendered if o["kind"] == "Job"]
-    tag = init["spec"]["template"]["spec"]["containers"][0]["image"].rpartition(":")[2]
-    if "namespace" not in init["metadata"]:  # the base: its own name, so that overlays' patches find it
-        assert images == {f"localhost/skillstats:{version.group(1)}"}
+    release = init["metadata"].get("labels", {}).get("app.kubernetes.io/version")
+    if release is None:  # the base: its plain name, so that overlays' patches find it
+        assert image == f"localhost/skillstats:{version.group(1)}"
         assert init["metadata"]["name"] == "skillstats-init"
-    else:
-        assert init["metadata"]["name"] == f"skillstats-init-{tag}"
+        return
+    assert image.rpartition(":")[2] == release, "bump the version label with the image tag"
+    name = init["metadata"]["name"]
+    assert name == f"skillstats-init-{release}"
+    # A Job's name goes into its pods' job-name label: a DNS-1123 name of at most 63 characters.
+    assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name), name
 
 
 def test_the_prune_cronjob_deletes_only_with_its_confirmation_daily() -> None:
@@ -294,6 +317,37 @@ def test_the_prune_cronjob_deletes_only_with_its_confirmation_daily() -> None:
     assert not [o for o in render(RENDERINGS["base"]) if o["metadata"]["name"] == "skillstats-prune"], (
         "prune deletes records: a component an overlay opts into, not the base"
     )
+
+
+def test_the_ingest_deployment_serves_its_probes_and_reads_its_tokens_from_a_mounted_secret() -> None:
+    objects = render(RENDERINGS["production"])
+    deployment = by_kind(objects, "Deployment", "skillstats-ingest")
+    spec = deployment["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    args = container["args"]
+    port = int(args[args.index("--port") + 1])
+    assert [p["containerPort"] for p in container["ports"]] == [port] == [9320]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    shutdown = float(args[args.index("--shutdown-budget") + 1])
+    assert spec["terminationGracePeriodSeconds"] > shutdown
+    env = {e["name"]: e for e in container["env"]}
+    tokens = env["SKILLSTATS_INGEST_TOKENS_FILE"]["value"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    (name,) = [n for n, path in mounts.items() if tokens.startswith(path + "/")]
+    assert volumes[name]["secret"]["secretName"] == "skillstats-ingest-tokens"
+    assert env["SKILLSTATS_INSTANCE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    service = by_kind(objects, "Service", "skillstats-ingest")["spec"]
+    assert service["selector"].items() <= labels.items() and service["ports"][0]["port"] == port
+    budget = by_kind(objects, "PodDisruptionBudget", "skillstats-ingest")["spec"]
+    assert budget["selector"]["matchLabels"].items() <= labels.items()
+    scaler = by_kind(objects, "HorizontalPodAutoscaler", "skillstats-ingest")["spec"]
+    assert scaler["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "skillstats-ingest"}
+    assert scaler["minReplicas"] >= 2 and container["resources"]["requests"]["cpu"]  # CPU scaling needs a request
+    example = {d["metadata"]["name"]: d for d in yaml.safe_load_all((K8S / "examples" / "secret.yaml").read_text())}
+    assert "tokens" in example["skillstats-ingest-tokens"]["stringData"]
 
 
 def test_docsync_cronjob_cadence_and_budgets(rendered: list[dict[str, Any]]) -> None:
@@ -430,7 +484,7 @@ def skillstats_commands() -> Iterator[tuple[str, list[str], set[str]]]:
                 names = {e["name"] for e in container.get("env", [])} | config
                 yield f"{label} {where}", argv, names
     for name, service in compose()["services"].items():
-        if service.get("image", "").startswith("skillstats") or service.get("build"):
+        if service.get("image", "").startswith("localhost/skillstats") or service.get("build"):
             entrypoint = service.get("entrypoint", ["skillstats"])
             argv = [*entrypoint[1:], *service.get("command", [])]
             if not argv:

@@ -311,4 +311,4 @@ def test_a_database_the_exporter_cannot_read_is_logged_once_masked_and_so_is_its
         exporter.read_database()
         exporter.read_database()
     assert exporter.database_up is True
-    assert sum("again" in r.getMessage() and r.levelno == logging.INFO for r in caplog.records) == 1
+    assert sum("again" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records) == 1

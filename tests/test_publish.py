@@ -72,17 +72,20 @@ def test_a_line_takes_the_same_defaults_and_times_as_the_flags(tmp_path: Path) -
         '{"skill_id": "sk_1", "kind": "download", "occurred_at": "yesterday"}\n'
         '{"skill_id": "sk_1", "kind": "download", "occurred_at": "2026-12-01T07:30:00"}\n'
         "[1, 2]\n"
+        '{"skill_id": "sk_1", "kind": "download", "occurred_at": null}\n'
     )
     result = cli(Settings(kafka_bootstrap="127.0.0.1:1"), "publish", "--file", str(path))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert lines[:4] == [
+    assert lines[:5] == [
         "line 3: not JSON: Expecting value at column 1 (each line is one JSON object)",
         "line 4: occurred_at: not epoch milliseconds or ISO-8601: 'yesterday'",
         "line 5: occurred_at: give a timezone (e.g. a trailing Z for UTC): '2026-12-01T07:30:00'",
         "line 6: not a JSON object (each line is one event object, {...})",
+        # Absent means now; an explicit null is a mistake upstream, not "now".
+        "line 7: bad_timestamp: occurred_at must be integer milliseconds since the epoch, got null",
     ]
-    assert "send the 2 valid ones" in lines[4]
+    assert "send the 2 valid ones" in lines[5]
     assert "occurred_at to now" in " ".join(cli(Settings(), "publish", "--help").stdout.split())
 
 

@@ -37,6 +37,20 @@ ensure_debian_tools() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# The TypeScript client (clients/typescript), built with its locked npm packages:
+# `npm ci` again only when package-lock.json changed, `tsc` every time (a second).
+ensure_typescript_client() {
+  local dir=$repo/clients/typescript stamp
+  command -v node >/dev/null || { echo "Node 18 or newer is needed for clients/typescript" >&2; return 1; }
+  stamp=$dir/node_modules/.skillstats-$(sha256sum <"$dir/package-lock.json" | cut -c1-16)
+  if [[ ! -f $stamp ]]; then
+    say "installing the TypeScript client's npm packages"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2)
+    touch "$stamp"
+  fi
+  (cd "$dir" && rm -rf dist && npx --no-install tsc -p . >&2)
+}
+
 # A kustomize for rendering deploy/k8s: kubectl's built-in one where kubectl exists,
 # else kustomize built from the Go module proxy into .local/bin (once). Prints the
 # command to run, e.g. "kubectl kustomize" or ".local/bin/kustomize build".

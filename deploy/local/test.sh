@@ -26,6 +26,8 @@ begin=$SECONDS
 say "tools"
 ensure_debian_tools
 ensure_python_env
+say "the TypeScript client"
+ensure_typescript_client
 say "services"
 deploy/local/kafka.sh status >/dev/null 2>&1 || { started_kafka=1; deploy/local/kafka.sh start; }
 SKILLSTATS_TEST_KAFKA=$(deploy/local/kafka.sh bootstrap) # every node: the fault suite stops some
@@ -42,7 +44,7 @@ promtool check rules deploy/prometheus/skillstats-rules.yml
 say "pytest"
 mkdir -p .local && : >"$SKILLSTATS_TEST_METRICS"
 status=0
-pytest -q -p no:cacheprovider -m "${SKILLSTATS_TEST_MARK:-not faults}" "$@" || status=$?
+pytest -q -p no:cacheprovider -m "${SKILLSTATS_TEST_MARK:-not faults and not deploy}" "$@" || status=$?
 if [[ -s $SKILLSTATS_TEST_METRICS ]]; then say "measured (not asserted)"; cat "$SKILLSTATS_TEST_METRICS" >&2; fi
 say "test run took $((SECONDS - begin))s"
 exit $status

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from skillstats import __version__
 from skillstats.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, settings
@@ -23,6 +24,7 @@ from skillstats.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, 
 COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("init", "create the topics and the SQL schema (idempotent)"),
     "publish": ("publish", "publish one event, or a JSONL file of events"),
+    "ingest": ("ingest", "serve POST /v1/events: publish events sent over HTTP (for services without Kafka)"),
     "windows": ("windows", "run the per-day/per-hour worker (faust app)"),
     "docsync": ("docsync", "apply skill and owner stat deltas (one bounded drain, or --every)"),
     "status": ("status", "how far each consumer group is; the last docsync runs"),
@@ -39,15 +41,25 @@ def _module(name: str) -> object:
     return importlib.import_module(f"skillstats.cli.{COMMANDS[name][0]}")
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+class _Parser(argparse.ArgumentParser):
+    """A usage error in one line that names the way to the options, not argparse's whole usage block."""
+
+    command: str | None = None  # on the top level: the command argv names, whose help the hint points to
+
+    def error(self, message: str) -> NoReturn:
+        prog = f"{self.prog} {self.command}" if self.command else self.prog
+        self.exit(EXIT_USAGE, f"{prog}: {message} ({prog} --help lists the options)\n")
+
+
+def build_parser(only: str | None = None) -> _Parser:
     """The whole command line; with `only`, just that command's options are built (the others are listed)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="skillstats",
         description="Exact per-skill, per-day and per-hour stat counters in SQL, from a Kafka topic of stat events.",
         epilog="Each command has its own --help. Configuration: SKILLSTATS_* environment variables, see README.",
     )
     parser.add_argument("--version", action="version", version=f"skillstats {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     for name, (_module_name, summary) in COMMANDS.items():
         sub = commands.add_parser(name, help=summary, description=summary)
         if only is None or only == name:
@@ -65,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     # Without a command (`skillstats`, `skillstats --help`) no command's module is imported: the list is enough.
     parser = build_parser(command or "")
+    parser.command = command
     if not argv:
         parser.print_help()
         return EXIT_OK

@@ -110,7 +110,7 @@ def read_jsonl(path: Path, now_ms: int) -> tuple[list[StatEvent], list[str]]:
         body.setdefault("v", WIRE_VERSION)
         body.setdefault("event_id", uuid.uuid4().hex)
         when = body.get("occurred_at")
-        if when is None:
+        if "occurred_at" not in body:  # absent: now, as the flag's default; an explicit null stays an error
             body["occurred_at"] = now_ms
         elif isinstance(when, str):
             try:

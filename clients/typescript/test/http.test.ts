@@ -1,0 +1,97 @@
+// HttpPublisher against a local stand-in server (a unit test: the real server is in live.test.ts).
+import assert from "node:assert/strict";
+import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import { test } from "node:test";
+
+import { download, HttpPublisher, InvalidEvent, PublishRefused } from "../src/index.js";
+
+type Handler = (request: IncomingMessage, body: string, response: ServerResponse) => void;
+
+async function server(handler: Handler): Promise<{ url: string; close: () => Promise<void> }> {
+  const http = createServer((request, response) => {
+    let body = "";
+    request.on("data", (chunk: Buffer) => (body += chunk.toString()));
+    request.on("end", () => handler(request, body, response));
+  });
+  await new Promise<void>((resolve) => http.listen(0, "127.0.0.1", resolve));
+  const { port } = http.address() as AddressInfo;
+  return { url: `http://127.0.0.1:${port}`, close: () => new Promise((resolve) => http.close(() => resolve())) };
+}
+
+const answer = (response: ServerResponse, status: number, body: object, headers: Record<string, string> = {}) => {
+  response.writeHead(status, { "Content-Type": "application/json", ...headers });
+  response.end(JSON.stringify(body));
+};
+
+test("503 is retried with the same Idempotency-Key, honouring Retry-After, until 202", async () => {
+  const keys: string[] = [];
+  const stand = await server((request, body, response) => {
+    keys.push(String(request.headers["idempotency-key"]));
+    assert.equal(request.headers.authorization, "Bearer t");
+    assert.equal(body.trim().split("\n").length, 3);
+    if (keys.length < 3) {
+      answer(response, 503, { error: "not published" }, { "Retry-After": "0" });
+    } else {
+      answer(response, 202, { accepted: 3 });
+    }
+  });
+  const publisher = new HttpPublisher({ url: stand.url, token: "t", batchSize: 3, baseDelayMs: 5 });
+  await Promise.all([publisher.publish(download("a")), publisher.publish(download("b")), publisher.publish(download("c"))]);
+  assert.equal(keys.length, 3);
+  assert.equal(new Set(keys).size, 1, "one request, one key, however many attempts");
+  await publisher.close();
+  await stand.close();
+});
+
+test("a refusal is final: 400 rejects the batch's events without a retry", async () => {
+  let requests = 0;
+  const stand = await server((_request, _body, response) => {
+    requests++;
+    answer(response, 400, { error: "1 invalid event(s)", rejected: [{ line: 1, reason: "bad_field" }] });
+  });
+  const publisher = new HttpPublisher({ url: stand.url, lingerMs: 0 });
+  await assert.rejects(publisher.publish(download("a")), (error: unknown) => {
+    assert.ok(error instanceof PublishRefused);
+    assert.equal(error.status, 400);
+    return true;
+  });
+  assert.equal(requests, 1);
+  await stand.close();
+});
+
+test("an invalid event throws before anything is sent", async () => {
+  let calls = 0;
+  const publisher = new HttpPublisher({
+    url: "http://127.0.0.1:1",
+    fetch: async () => {
+      calls++;
+      return new Response(null, { status: 202 });
+    },
+  });
+  const bad = { ...download("sk"), occurred_at: 5 };
+  await assert.rejects(publisher.publish(bad), InvalidEvent);
+  await publisher.flush();
+  assert.equal(calls, 0);
+});
+
+test("the buffer is bounded: publish waits for room", async () => {
+  const sizes: number[] = [];
+  const stand = await server((_request, body, response) => {
+    sizes.push(body.trim().split("\n").length);
+    setTimeout(() => answer(response, 202, { accepted: 1 }), 20);
+  });
+  const publisher = new HttpPublisher({ url: stand.url, batchSize: 5, maxBuffered: 10, lingerMs: 1000 });
+  const sent = [];
+  let most = 0;
+  for (let i = 0; i < 60; i++) {
+    sent.push(publisher.publish(download(`sk_${i}`)));
+    most = Math.max(most, publisher.buffered);
+  }
+  assert.ok(most <= 10, `${most} buffered`);
+  await Promise.all(sent);
+  await publisher.close();
+  await stand.close();
+  assert.equal(sizes.reduce((a, b) => a + b, 0), 60);
+  assert.ok(sizes.every((size) => size <= 5), String(sizes));
+});

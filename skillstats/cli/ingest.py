@@ -1,0 +1,244 @@
+"""`skillstats ingest`: an HTTP endpoint that publishes stat events for services without a Kafka client."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import ssl
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from skillstats.cli.common import (
+    EXIT_OK,
+    UsageError,
+    budget,
+    database_options,
+    kafka_options,
+    positive,
+    shutdown_option,
+    verbosity,
+)
+from skillstats.config import Settings, redact_url
+
+if TYPE_CHECKING:
+    from skillstats.ingest.idempotency import IdempotencyStore
+
+DEFAULT_PORT = 9320
+log = logging.getLogger("skillstats.ingest")
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError("must be more than 0 and at most 3600 seconds")
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Serve POST /v1/events: v1 stat events as application/x-ndjson (one a line) or application/json (an "
+        "object, or an array), validated by the contract's own code, all or nothing (400 lists each invalid "
+        'event), and answered 202 {"accepted": N} only once Kafka committed the transaction holding them; 503 '
+        "(Retry-After) means nothing of the request will count. Bearer tokens from --tokens-file; an "
+        "Idempotency-Key makes a retry answer as the first request did, published once (keys kept in SQL). "
+        "/healthz, /readyz and /metrics on the same port. The HTTP API: docs/contract.md."
+    )
+    kafka_options(parser)
+    database_options(parser)
+    verbosity(parser)
+    env = os.environ.get
+    parser.add_argument(
+        "--host",
+        default=env("SKILLSTATS_INGEST_HOST"),
+        metavar="ADDRESS",
+        help="address to listen on [SKILLSTATS_INGEST_HOST] (default 0.0.0.0; with --no-auth, 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=env("SKILLSTATS_INGEST_PORT", str(DEFAULT_PORT)),
+        help=f"TCP port [SKILLSTATS_INGEST_PORT] (default {DEFAULT_PORT}; 0 picks a free one)",
+    )
+    parser.add_argument(
+        "--tokens-file",
+        type=Path,
+        default=env("SKILLSTATS_INGEST_TOKENS_FILE"),
+        metavar="PATH",
+        help="bearer tokens, one a line, re-read when the file changes [SKILLSTATS_INGEST_TOKENS_FILE]",
+    )
+    parser.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="take requests without a token: only on a loopback address (for local development)",
+    )
+    parser.add_argument("--max-body-bytes", type=positive, default=1 << 20, help="413 past this (default 1048576)")
+    parser.add_argument("--max-events", type=positive, default=10_000, help="413 past this many (default 10000)")
+    parser.add_argument(
+        "--read-timeout", type=_seconds, default=10.0, help="seconds to receive a body; past it 408 (default 10)"
+    )
+    parser.add_argument(
+        "--publish-timeout",
+        type=_seconds,
+        default=10.0,
+        help="seconds for Kafka to commit a request's events; past it 503 and nothing counts (default 10)",
+    )
+    parser.add_argument(
+        "--idempotency-hours",
+        type=positive,
+        default=24,
+        help="how long an Idempotency-Key's answer is kept (default 24)",
+    )
+    parser.add_argument(
+        "--no-idempotency",
+        action="store_true",
+        help="keep no keys (no database needed); a request with an Idempotency-Key is then refused (400)",
+    )
+    parser.add_argument("--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this certificate chain")
+    parser.add_argument("--tls-key", type=Path, metavar="PEM", help="the certificate's private key")
+    parser.add_argument(
+        "--instance-id",
+        default=env("SKILLSTATS_INSTANCE_ID"),
+        help="names this process's Kafka transactional id, stable across its restarts, e.g. the pod name "
+        "[SKILLSTATS_INSTANCE_ID] (default: host name and port)",
+    )
+    shutdown_option(parser)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    from skillstats.ingest.server import IngestApp, Limits, serve_until
+    from skillstats.ingest.tokens import TokenFile, TokensUnreadable
+    from skillstats.ingest.transactions import TransactionalPublisher
+    from skillstats.shutdown import ShutdownWatchdog
+
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port: not a TCP port: {args.port}")
+    host = args.host or ("127.0.0.1" if args.no_auth else "0.0.0.0")
+    if args.no_auth:
+        if args.tokens_file is not None:
+            raise UsageError("--no-auth and --tokens-file: choose one")
+        if not _loopback(host):
+            raise UsageError(f"--no-auth listens on a loopback address only, not {host}: give a --tokens-file")
+        tokens = None
+    else:
+        if args.tokens_file is None:
+            raise UsageError(
+                "no tokens: give --tokens-file (SKILLSTATS_INGEST_TOKENS_FILE), one bearer token a line, or "
+                "--no-auth on a loopback address"
+            )
+        try:
+            tokens = TokenFile(args.tokens_file)
+        except TokensUnreadable as exc:
+            raise UsageError(str(exc)) from None
+    tls = _tls(args.tls_cert, args.tls_key)
+    shutdown_budget = budget(args.shutdown_budget)
+
+    store = None
+    if not args.no_idempotency:
+        store = _store(settings, args.publish_timeout, args.idempotency_hours)
+
+    from skillstats.cli.lag_exporter import refuse_early
+
+    refuse_early(settings, "ingest")
+    instance = args.instance_id or f"{socket.gethostname()}-{args.port}"
+    publisher = TransactionalPublisher(settings, f"skillstats-ingest-{instance}", args.publish_timeout)
+    limits = Limits(args.max_body_bytes, args.max_events, args.read_timeout)
+    ingest = IngestApp(publisher, tokens, store, limits)
+    watchdog = ShutdownWatchdog(
+        "ingest",
+        shutdown_budget,
+        "Requests not yet answered are not counted unless their transaction committed; their clients send them "
+        "again (with an Idempotency-Key, published once).",
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, lambda: (watchdog.start(), stop.set()))
+        purging = asyncio.create_task(_purge_expired(store)) if store is not None else None
+
+        def listening(port: int) -> None:
+            scheme = "https" if tls else "http"
+            auth = f"{len(tokens)} token(s) from {tokens.path}" if tokens else "no auth (loopback only)"
+            keys = (
+                f"Idempotency-Keys in {redact_url(settings.database_url)} for {args.idempotency_hours}h"
+                if store
+                else "no Idempotency-Keys"
+            )
+            print(
+                f"skillstats ingest: {scheme}://{host}:{port}/v1/events -> {settings.topic} on "
+                f"{settings.kafka_bootstrap} (transactional id {publisher.transactional_id}); {auth}; {keys}",
+                flush=True,
+            )
+
+        try:
+            await serve_until(ingest, host, args.port, tls, shutdown_budget, stop.wait, listening)
+        finally:
+            if purging is not None:
+                purging.cancel()
+
+    try:
+        asyncio.run(main())
+    except OSError as exc:
+        if exc.errno is None:
+            raise
+        raise UsageError(f"cannot listen on {host}:{args.port}: {exc.strerror}; choose another --port") from None
+    print("skillstats ingest: stopped", flush=True)
+    return EXIT_OK
+
+
+def _tls(cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise UsageError("--tls-cert and --tls-key go together")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise UsageError(f"cannot load the TLS certificate {cert} and key {key}: {exc}") from None
+    return context
+
+
+def _store(settings: Settings, publish_timeout: float, hours: int) -> IdempotencyStore:
+    from skillstats.ingest.idempotency import IdempotencyStore
+    from skillstats.sinks.db import open_engine
+    from skillstats.sinks.migrate import SchemaOutdated, require_current
+
+    engine = open_engine(settings.database_url)
+    try:
+        require_current(engine)
+    except SchemaOutdated as exc:
+        raise UsageError(f"Idempotency-Keys live in the database: {exc} (or start with --no-idempotency)") from None
+    except Exception as exc:  # away now: requests with a key get 503 until it answers
+        log.warning("the database %s does not answer (%s); starting anyway", redact_url(settings.database_url), exc)
+    # The lease outlasts any transaction of the claim's request: the queue (publish timeout), then Kafka's
+    # transaction timeout (publish timeout + 10 s), and a margin (skillstats/ingest/idempotency.py).
+    lease = timedelta(seconds=2 * publish_timeout + 10 + 30)
+    return IdempotencyStore(engine, timedelta(hours=hours), lease)
+
+
+async def _purge_expired(store: IdempotencyStore) -> None:
+    while True:
+        try:
+            gone = await asyncio.to_thread(store.purge)
+            if gone:
+                log.info("forgot %d expired Idempotency-Key(s)", gone)
+        except Exception as exc:
+            log.debug("purging expired Idempotency-Keys failed: %s", exc)
+        await asyncio.sleep(600)

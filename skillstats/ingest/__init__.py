@@ -1,0 +1,8 @@
+"""`skillstats ingest`: the event contract at the HTTP edge, for services that cannot hold a Kafka connection.
+
+`body` turns a request body into records or the reasons it cannot (the
+contract's own decoder, the DLQ's reasons); `tokens` checks the bearer token;
+`idempotency` remembers answered requests in SQL; `transactions` publishes the
+records of many requests in one Kafka transaction each; `server` is the aiohttp
+application that ties them together, with its probes and metrics.
+"""

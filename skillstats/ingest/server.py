@@ -1,0 +1,270 @@
+"""The HTTP server: `POST /v1/events`, and `/healthz`, `/readyz`, `/metrics` on the same port (aiohttp).
+
+aiohttp because faust already brings it in (no new dependency), and because one
+event loop serves thousands of idle keep-alive connections at no cost, while the
+work of a request is short: read the body, validate it (microseconds per event),
+hand the records to the publisher's thread and wait for its transaction.
+
+A request, in order (docs/contract.md, HTTP): shutting down -> 503; the token ->
+401; the media type -> 415; its size (Content-Length, then what arrives) -> 413;
+the body within `--read-timeout` -> 408 (the connection is closed); an
+Idempotency-Key answered before -> that answer, in flight -> 409, with another
+body -> 422; the events -> 400 listing each invalid one, or 413 past
+`--max-events`; the transaction -> 202 once it committed, 503 when it did not
+(nothing of the request will count: send it again), 500 when its outcome is
+unknown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from skillstats.config import redact_url
+from skillstats.ingest.body import CONTENT_TYPES, media_type, parse
+from skillstats.ingest.idempotency import (
+    MAX_KEY_CHARS,
+    Answered,
+    Claimed,
+    IdempotencyStore,
+    InProgress,
+    Mismatch,
+    body_digest,
+)
+from skillstats.ingest.tokens import TokenFile
+from skillstats.ingest.transactions import OutcomeUnknown, TransactionalPublisher, Unavailable
+from skillstats.metrics import INGEST_IN_FLIGHT, IngestMetrics
+from skillstats.retry import Outage
+
+log = logging.getLogger(__name__)
+RETRY_AFTER_S = 2
+DRAIN_RESERVE_S = 2.0  # of the shutdown budget, kept for closing connections and the producer after the drain
+_KEY = re.compile(rf"[\x21-\x7e]{{1,{MAX_KEY_CHARS}}}")  # visible ASCII, as HTTP header values go
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int = 1 << 20
+    max_events: int = 10_000
+    read_timeout: float = 10.0
+
+
+def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json", headers=headers)
+
+
+class IngestApp:
+    """The application and its state: whether it is shutting down, what Kafka and the database say."""
+
+    def __init__(
+        self,
+        publisher: TransactionalPublisher,
+        tokens: TokenFile | None,
+        store: IdempotencyStore | None,
+        limits: Limits,
+    ) -> None:
+        self.publisher = publisher
+        self.tokens = tokens
+        self.store = store
+        self.limits = limits
+        self.shutting_down = False
+        self.in_flight = 0
+        self.metrics = IngestMetrics(publisher.queued_records)
+        self._database = Outage(log)
+        self.app = web.Application(client_max_size=limits.max_body_bytes)
+        self.app.router.add_post("/v1/events", self.events)
+        self.app.router.add_get("/healthz", self.healthz)
+        self.app.router.add_get("/readyz", self.readyz)
+        self.app.router.add_get("/metrics", self.metrics_page)
+
+    # ------------------------------------------------------------------ probes
+
+    def not_ready(self) -> str | None:
+        if self.shutting_down:
+            return "shutting down"
+        return self.publisher.kafka_problem
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")  # the event loop answered: alive
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        problem = self.not_ready()
+        return web.Response(status=200 if problem is None else 503, text=(problem or "ok") + "\n")
+
+    async def metrics_page(self, _request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # ------------------------------------------------------------------ events
+
+    async def events(self, request: web.Request) -> web.Response:
+        began = time.monotonic()
+        self.in_flight += 1
+        try:
+            with INGEST_IN_FLIGHT.track_inprogress():
+                response, accepted, rejected = await self._events(request)
+        finally:
+            self.in_flight -= 1
+        seconds = time.monotonic() - began if response.status == 202 else None
+        self.metrics.answered(response.status, accepted, rejected, seconds)
+        return response
+
+    async def _events(self, request: web.Request) -> tuple[web.Response, int, dict[str, int]]:
+        none: dict[str, int] = {}
+        if self.shutting_down:
+            return self._unavailable("shutting down"), 0, none
+        authorization = request.headers.get("Authorization")
+        if self.tokens is not None and not self.tokens.allows(authorization):
+            headers = {"WWW-Authenticate": 'Bearer realm="skillstats"'}
+            return _json(401, {"error": "unauthorized"}, headers), 0, none
+        kind = media_type(request.headers.get("Content-Type"))
+        if kind is None:
+            wanted = " or ".join(CONTENT_TYPES)
+            return _json(415, {"error": f"Content-Type must be {wanted} (UTF-8)"}), 0, none
+        if (request.content_length or 0) > self.limits.max_body_bytes:
+            return self._too_large(), 0, none
+        try:
+            body = await asyncio.wait_for(request.read(), self.limits.read_timeout)
+        except web.HTTPRequestEntityTooLarge:
+            return self._too_large(), 0, none
+        except TimeoutError:
+            slow = _json(408, {"error": f"the body did not arrive within {self.limits.read_timeout:g}s"})
+            slow.force_close()  # answered, then cut off: the rest of its body is not waited for
+            return slow, 0, none
+
+        key = request.headers.get("Idempotency-Key")
+        claim: Claimed | None = None
+        if key is not None:
+            if not _KEY.fullmatch(key):
+                message = f"Idempotency-Key must be 1-{MAX_KEY_CHARS} visible ASCII characters"
+                return _json(400, {"error": message}), 0, none
+            answer = await self._claim(TokenFile.scope(authorization) + ":" + key, body_digest(body))
+            if isinstance(answer, web.Response):
+                return answer, 0, none
+            claim = answer
+
+        now_ms = int(time.time() * 1000)
+        parsed = parse(body, kind, now_ms, self.limits.max_events)
+        if not parsed.ok:
+            await self._release(claim)
+            if parsed.too_many is not None:
+                message = f"{parsed.too_many} events; at most {self.limits.max_events} a request"
+                return _json(413, {"error": message}), 0, none
+            if parsed.problem is not None:
+                return _json(400, {"error": parsed.problem}), 0, none
+            reasons: dict[str, int] = {}
+            for item in parsed.rejected:
+                reasons[item.reason] = reasons.get(item.reason, 0) + 1
+            message = f"{len(parsed.rejected)} invalid event(s); nothing was published"
+            return _json(400, {"error": message, "rejected": [r.to_json() for r in parsed.rejected]}), 0, reasons
+
+        try:
+            await asyncio.wrap_future(self.publisher.submit(parsed.records, now_ms))
+        except Unavailable as exc:
+            await self._release(claim)
+            return self._unavailable(f"not published (nothing of it will count; send it again): {exc}"), 0, none
+        except OutcomeUnknown as exc:  # the claim stays: its lease decides (skillstats/ingest/idempotency.py)
+            return _json(500, {"error": str(exc), "outcome": "unknown"}), 0, none
+        accepted = {"accepted": len(parsed.records)}
+        if claim is not None:
+            await self._answered(claim, orjson.dumps(accepted).decode())
+        return _json(202, accepted), len(parsed.records), none
+
+    # ------------------------------------------------------------------ helpers
+
+    def _too_large(self) -> web.Response:
+        return _json(413, {"error": f"the body is over {self.limits.max_body_bytes} bytes"})
+
+    def _unavailable(self, message: str) -> web.Response:
+        return _json(503, {"error": message}, {"Retry-After": str(RETRY_AFTER_S)})
+
+    async def _database_call(self, call: Callable[[], Any]) -> Any:
+        try:
+            result = await asyncio.to_thread(call)
+        except Exception as exc:
+            url = redact_url(self.store.engine.url.render_as_string(hide_password=False)) if self.store else "none"
+            self._database.failed(f"the idempotency store {url}", str(exc).splitlines()[0], 0.0)
+            raise
+        self._database.recovered("the idempotency store answers again")
+        return result
+
+    async def _claim(self, key: str, digest: str) -> Claimed | web.Response:
+        store = self.store
+        if store is None:
+            return _json(400, {"error": "this server keeps no Idempotency-Key (started with --no-idempotency)"})
+        try:
+            answer = await self._database_call(lambda: store.claim(key, digest))
+        except Exception:
+            return self._unavailable("the idempotency store is unavailable; nothing was published")
+        if isinstance(answer, Answered):
+            return web.Response(
+                status=answer.status,
+                body=answer.response.encode(),
+                content_type="application/json",
+                headers={"Idempotent-Replayed": "true"},
+            )
+        if isinstance(answer, InProgress):
+            message = "a request with this Idempotency-Key is in progress; ask again later"
+            return _json(409, {"error": message}, {"Retry-After": str(answer.retry_after)})
+        if isinstance(answer, Mismatch):
+            return _json(422, {"error": "this Idempotency-Key was used with another body"})
+        return answer
+
+    async def _release(self, claim: Claimed | None) -> None:
+        if claim is not None and self.store is not None:
+            store = self.store
+            # If this fails the claim's lease runs out instead: a retry meanwhile gets 409.
+            with contextlib.suppress(Exception):
+                await self._database_call(lambda: store.release(claim))
+
+    async def _answered(self, claim: Claimed, response: str) -> None:
+        store = self.store
+        assert store is not None
+        try:
+            await self._database_call(lambda: store.answered(claim, 202, response))
+        except Exception:
+            # Published, and answered 202; only a retry after the lease would publish it again.
+            log.warning("published, but the answer could not be kept for its Idempotency-Key")
+
+
+async def serve_until(
+    ingest: IngestApp,
+    host: str,
+    port: int,
+    tls: ssl.SSLContext | None,
+    budget: float,
+    stopped: Callable[[], Awaitable[None]],
+    listening: Callable[[int], None],
+) -> None:
+    """Serve until `stopped` returns; then stop accepting, finish in-flight requests within `budget`, flush."""
+    runner = web.AppRunner(ingest.app, shutdown_timeout=DRAIN_RESERVE_S / 2, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=tls)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    listening(runner.addresses[0][1] if runner.addresses else port)
+    await stopped()
+    # Draining first, with the listener still open: /readyz and every new request answer 503 (Retry-After),
+    # while the requests in flight finish, their bodies included. aiohttp's own graceful shutdown stops
+    # reading from a connection at once, so a request whose body was still arriving would be lost to it.
+    ingest.shutting_down = True
+    began = time.monotonic()
+    drain_until = began + max(0.5, budget - DRAIN_RESERVE_S)
+    while ingest.in_flight and time.monotonic() < drain_until:
+        await asyncio.sleep(0.05)
+    await runner.cleanup()  # closes the listener and the (now idle) connections
+    await asyncio.to_thread(ingest.publisher.close, max(0.5, budget - (time.monotonic() - began)))
