@@ -72,7 +72,9 @@ def test_bench_smoke(settings: Settings, database_url: str, tmp_path: object) ->
         assert not [name for name in rows if name.startswith(tuple(first_only))] or workload == "steady"
     assert re.search(r"p50 \d+ ms, p99 \d+ ms", result.stdout), result.stdout
     # Case i: ingest beside the direct publisher, and its single-event latency.
-    assert re.search(r"\| `skillstats ingest`, 1,000-event requests \| [\d,]+ \| \d+\.\d\d \|", result.stdout)
+    assert re.search(
+        r"\| `skillstats ingest`, 1,000-event requests, 16 clients \| [\d,]+ \| \d+\.\d\d \|", result.stdout
+    )
     assert re.search(r"accept latency \(due -> 202\) p50 [\d.]+ ms, p99 [\d.]+ ms; 0 not answered", result.stdout)
 
 
