@@ -28,6 +28,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -298,9 +299,10 @@ def test_images_name_a_registry_and_the_init_job_is_named_per_release(rendered: 
         return
     assert image.rpartition(":")[2] == release, "bump the version label with the image tag"
     name = init["metadata"]["name"]
-    assert name == f"skillstats-init-{release}"
-    # A Job's name goes into its pods' job-name label: a DNS-1123 name of at most 63 characters.
-    assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name), name
+    assert name == f"skillstats-init-{release.replace('.', '-')}"
+    # A Job's name goes into its pods' names and host names: a DNS label (no dots, at most 63 characters),
+    # or the API server warns (tests/test_kube.py applies it).
+    assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name), name
 
 
 def test_the_prune_cronjob_deletes_only_with_its_confirmation_daily() -> None:
@@ -513,3 +515,16 @@ def test_manifests_and_compose_use_only_what_the_cli_offers() -> None:
         ["docsync", "--every", "6x"],
     ):
         assert usage_problems("x", wrong), wrong
+
+
+def test_every_package_of_the_source_is_in_the_wheel() -> None:
+    """A package left out of pyproject's list works in the editable checkout and is missing from the image."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    directories = {Path(path): name for name, path in config["package-dir"].items()}
+    found = set()
+    for directory, name in directories.items():
+        for init in (ROOT / directory).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / directory)
+            found.add(".".join([name, *relative.parts]))
+    assert found - listed == set(), "packages missing from [tool.setuptools] packages"

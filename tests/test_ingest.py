@@ -371,6 +371,7 @@ def test_settings_that_cannot_work_exit_2_in_a_line(tmp_path: Path) -> None:
         (("--tokens-file", str(tmp_path / "missing")), "cannot read the tokens file"),
         (("--no-auth", "--tls-cert", str(empty)), "--tls-cert and --tls-key go together"),
         (("--no-auth", "--publish-timeout", "0"), "--publish-timeout"),
+        (("--no-auth", "--shutdown-budget", "10"), "a request in flight could be cut off"),
     ):
         result = run(*args)
         assert result.returncode == 2, (args, result.stderr)

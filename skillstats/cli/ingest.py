@@ -21,10 +21,10 @@ from skillstats.cli.common import (
     database_options,
     kafka_options,
     positive,
-    shutdown_option,
     verbosity,
 )
 from skillstats.config import Settings, redact_url
+from skillstats.ingest import DRAIN_RESERVE_S
 
 if TYPE_CHECKING:
     from skillstats.ingest.idempotency import IdempotencyStore
@@ -107,7 +107,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="names this process's Kafka transactional id, stable across its restarts, e.g. the pod name "
         "[SKILLSTATS_INSTANCE_ID] (default: host name and port)",
     )
-    shutdown_option(parser)
+    parser.add_argument(
+        "--shutdown-budget",
+        type=float,
+        default=os.environ.get("SKILLSTATS_SHUTDOWN_BUDGET"),  # a string default goes through `type`
+        metavar="SECONDS",
+        help="on SIGTERM: answer 503 to new requests, finish those in flight, flush, exit; past it, exit 3 "
+        f"[SKILLSTATS_SHUTDOWN_BUDGET] (default and least: --read-timeout + --publish-timeout + "
+        f"{DRAIN_RESERVE_S:g}, 22 s with their defaults, so no request in flight is cut off)",
+    )
 
 
 def _loopback(host: str) -> bool:
@@ -145,7 +153,15 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         except TokensUnreadable as exc:
             raise UsageError(str(exc)) from None
     tls = _tls(args.tls_cert, args.tls_key)
-    shutdown_budget = budget(args.shutdown_budget)
+    # A request that began just before SIGTERM may take its read and its publish timeouts: a budget that
+    # cannot wait that long would cut off requests whose events may already be published.
+    least = args.read_timeout + args.publish_timeout + DRAIN_RESERVE_S
+    shutdown_budget = budget(least if args.shutdown_budget is None else args.shutdown_budget)
+    if shutdown_budget < least:
+        raise UsageError(
+            f"--shutdown-budget {shutdown_budget:g} is less than --read-timeout + --publish-timeout + "
+            f"{DRAIN_RESERVE_S:g} = {least:g} s: a request in flight could be cut off after it was published"
+        )
 
     store = None
     if not args.no_idempotency:

@@ -6,3 +6,7 @@ contract's own decoder, the DLQ's reasons); `tokens` checks the bearer token;
 records of many requests in one Kafka transaction each; `server` is the aiohttp
 application that ties them together, with its probes and metrics.
 """
+
+# Of the shutdown budget, kept for closing connections and the producer after the requests in flight are
+# answered (here, not in `server`, so that the command line can check a budget without importing aiohttp).
+DRAIN_RESERVE_S = 2.0

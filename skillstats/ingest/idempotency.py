@@ -89,8 +89,12 @@ class IdempotencyStore:
             ).one_or_none()
             if found is None:  # released or purged since: the next attempt claims it
                 return InProgress(retry_after=1)
-            if found.expires_at <= now:  # expired: a new request under an old key
-                connection.execute(update(ingest_requests).where(ingest_requests.c.key == key).values(**row))
+            if found.expires_at <= now:  # expired: a new request under an old key, with none of its answer
+                connection.execute(
+                    update(ingest_requests)
+                    .where(ingest_requests.c.key == key)
+                    .values(**row, status=None, response=None)
+                )
                 return Claimed(key, now)
             if found.body_sha256 != digest:
                 return Mismatch()
@@ -107,13 +111,16 @@ class IdempotencyStore:
             )
             return Claimed(key, now) if taken.rowcount == 1 else InProgress(retry_after=1)
 
-    def answered(self, claim: Claimed, status: int, response: str) -> None:
+    def answered(self, claim: Claimed, status: int, response: str) -> bool:
+        """Keep the answer; False when the claim is no longer this request's (its lease ran out and another
+        request took the key over: both may have published, the documented gap)."""
         with self.engine.begin() as connection:
-            connection.execute(
+            kept = connection.execute(
                 update(ingest_requests)
                 .where(ingest_requests.c.key == claim.key, ingest_requests.c.claimed_at == claim.claimed_at)
                 .values(status=status, response=response)
             )
+            return kept.rowcount == 1
 
     def release(self, claim: Claimed) -> None:
         with self.engine.begin() as connection:

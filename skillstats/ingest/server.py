@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import ssl
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +35,7 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from skillstats.config import redact_url
+from skillstats.ingest import DRAIN_RESERVE_S
 from skillstats.ingest.body import CONTENT_TYPES, media_type, parse
 from skillstats.ingest.idempotency import (
     MAX_KEY_CHARS,
@@ -50,7 +53,6 @@ from skillstats.retry import Outage
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 2
-DRAIN_RESERVE_S = 2.0  # of the shutdown budget, kept for closing connections and the producer after the drain
 _KEY = re.compile(rf"[\x21-\x7e]{{1,{MAX_KEY_CHARS}}}")  # visible ASCII, as HTTP header values go
 
 
@@ -169,8 +171,15 @@ class IngestApp:
             message = f"{len(parsed.rejected)} invalid event(s); nothing was published"
             return _json(400, {"error": message, "rejected": [r.to_json() for r in parsed.rejected]}), 0, reasons
 
+        published = self.publisher.submit(parsed.records, now_ms)
         try:
-            await asyncio.wrap_future(self.publisher.submit(parsed.records, now_ms))
+            # Shielded: a handler cancelled while waiting (the server closing past its drain) must not cancel
+            # the publishing, whose outcome the claim still has to keep.
+            await asyncio.shield(asyncio.wrap_future(published))
+        except asyncio.CancelledError:
+            if claim is not None:
+                published.add_done_callback(functools.partial(self._keep_late, claim, len(parsed.records)))
+            raise
         except Unavailable as exc:
             await self._release(claim)
             return self._unavailable(f"not published (nothing of it will count; send it again): {exc}"), 0, none
@@ -232,10 +241,30 @@ class IngestApp:
         store = self.store
         assert store is not None
         try:
-            await self._database_call(lambda: store.answered(claim, 202, response))
+            kept = await self._database_call(lambda: store.answered(claim, 202, response))
         except Exception:
             # Published, and answered 202; only a retry after the lease would publish it again.
             log.warning("published, but the answer could not be kept for its Idempotency-Key")
+            return
+        if not kept:
+            log.error(
+                "published after this request's Idempotency-Key lease ran out and another request took the key "
+                "over: its events may be counted twice (docs/contract.md, idempotency)"
+            )
+
+    def _keep_late(self, claim: Claimed, accepted: int, published: Future[None]) -> None:
+        """In the publisher's thread, for a request cut off before its answer: keep or release its claim, so a
+        retry is answered as this request would have been."""
+        store = self.store
+        if store is None or published.cancelled():
+            return
+        try:
+            if published.exception() is None:
+                store.answered(claim, 202, orjson.dumps({"accepted": accepted}).decode())
+            elif isinstance(published.exception(), Unavailable):
+                store.release(claim)
+        except Exception as exc:  # the lease decides instead
+            log.warning("the outcome of a request cut off by the shutdown could not be kept: %s", exc)
 
 
 async def serve_until(

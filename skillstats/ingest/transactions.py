@@ -150,8 +150,11 @@ class TransactionalPublisher:
         now = time.monotonic()
         live = []
         for submission in batch:
+            # A request whose waiter is gone (its Future cancelled) is not published: nobody would be told.
+            if not submission.future.set_running_or_notify_cancel():
+                continue
             if submission.deadline <= now:
-                submission.future.set_exception(Unavailable("not published within --publish-timeout"))
+                _settle(submission, Unavailable("not published within --publish-timeout"))
             else:
                 live.append(submission)
         if not live:
@@ -162,7 +165,7 @@ class TransactionalPublisher:
         except OutcomeUnknown as exc:
             self.transactions["unknown"] += 1
             for submission in live:
-                submission.future.set_exception(exc)
+                _settle(submission, exc)
             return
         except Exception as exc:
             self.transactions["aborted"] += 1
@@ -170,13 +173,13 @@ class TransactionalPublisher:
             self._outage.failed(f"publishing to Kafka at {self.settings.kafka_bootstrap}", problem, 0.0)
             self.kafka_problem = problem
             for submission in live:
-                submission.future.set_exception(Unavailable(problem))
+                _settle(submission, Unavailable(problem))
             return
         self.transactions["committed"] += 1
         self._outage.recovered(f"publishing to Kafka at {self.settings.kafka_bootstrap} works again")
         self.kafka_problem = None
         for submission in live:
-            submission.future.set_result(None)
+            _settle(submission, None)
 
     def _ensure_producer(self, deadline: float) -> Producer:
         if self._producer is None:
@@ -213,7 +216,11 @@ class TransactionalPublisher:
         except Exception:
             self._drop_producer()
             raise
-        producer.begin_transaction()
+        try:
+            producer.begin_transaction()
+        except Exception:  # a fatal producer (fenced, or an error of a previous transaction): start anew
+            self._drop_producer()
+            raise
         try:
             for submission in batch:
                 for key, value in submission.records:
@@ -275,3 +282,14 @@ class TransactionalPublisher:
         if self.kafka_problem is not None:
             self._outage.recovered(f"Kafka at {self.settings.kafka_bootstrap} answers")
         self.kafka_problem = None
+
+
+def _settle(submission: _Submission, outcome: BaseException | None) -> None:
+    """Tell the request its outcome; never raises, so one settled Future cannot stop the thread."""
+    try:
+        if outcome is None:
+            submission.future.set_result(None)
+        else:
+            submission.future.set_exception(outcome)
+    except Exception:  # InvalidStateError: already settled (cannot happen once running, but never fatal)
+        log.exception("a request's outcome could not be set")

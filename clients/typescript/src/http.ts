@@ -1,5 +1,5 @@
 /**
- * Publishing over HTTP to `skillstats ingest`, with `fetch` only: Node 18+, Deno, Bun, Convex actions, edge
+ * Publishing over HTTP to `skillstats ingest`, with `fetch` only: Node 20+, Deno, Bun, Convex actions, edge
  * functions. Nothing to hold open between requests, which is what a serverless function needs.
  *
  * `publish(event)` validates at once (an invalid event throws InvalidEvent and is never sent) and resolves
@@ -8,8 +8,12 @@
  * is held (waiting, or sent and not yet answered) is bounded by `maxBuffered`: past it, `publish` waits
  * for room instead of growing without end while the server is slow or away.
  *
- * Every request carries an Idempotency-Key, kept across its retries, so a request retried after a lost
- * answer is published once. 503 (nothing of it counted), 409 (its key still in flight), 429 and network
+ * Every request carries an Idempotency-Key: the SHA-256 of its body, so it is kept across the request's
+ * retries and is the same for the same events sent again by a new publisher (a serverless function or a
+ * Convex action run again after a lost answer): such a request is answered as the first was, not published
+ * twice. That holds when a re-run builds the same events (give `eventId` and `occurredAt` from your own
+ * data) in the same requests (`lingerMs: 0`, or one `flush` per unit of retry); events of a random id are a
+ * new request each time. 503 (nothing of it counted), 409 (its key still in flight), 429 and network
  * errors are retried with capped, jittered backoff, honouring Retry-After; every other status is final and
  * rejects the events of that request (400 lists each invalid one: a bug in the caller, not a condition).
  */
@@ -152,8 +156,18 @@ export class HttpPublisher {
   }
 
   async #request(batch: Pending[]): Promise<void> {
+    try {
+      await this.#attempt(batch);
+    } catch (error) {
+      for (const pending of batch) {
+        pending.reject(error); // whatever failed (even before a request went out), every event hears of it
+      }
+    }
+  }
+
+  async #attempt(batch: Pending[]): Promise<void> {
     const body = batch.map((p) => JSON.stringify(p.event)).join("\n") + "\n";
-    const headers = { ...this.#headers, "Idempotency-Key": globalThis.crypto.randomUUID() };
+    const headers = { ...this.#headers, "Idempotency-Key": await bodyKey(body) };
     let lastError: unknown;
     for (let attempt = 0; attempt < this.#maxAttempts; attempt++) {
       let retryAfterMs: number | undefined;
@@ -192,4 +206,10 @@ export class HttpPublisher {
       pending.reject(lastError);
     }
   }
+}
+
+/** The Idempotency-Key of a request: its body's SHA-256 (WebCrypto: Node 20+, Deno, Convex, edge runtimes). */
+export async function bodyKey(body: string): Promise<string> {
+  const digest = await globalThis.crypto.subtle.digest("SHA-256", new TextEncoder().encode(body));
+  return "sha256-" + Array.from(new Uint8Array(digest), (byte) => byte.toString(16).padStart(2, "0")).join("");
 }

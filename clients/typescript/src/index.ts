@@ -1,7 +1,7 @@
 /**
  * @skillstats/client: publish skillstats stat events from TypeScript.
  *
- * - `HttpPublisher` (this module): over HTTP to `skillstats ingest`, with fetch only (Node 18+, Deno,
+ * - `HttpPublisher` (this module): over HTTP to `skillstats ingest`, with fetch only (Node 20+, Deno,
  *   Convex actions, edge functions).
  * - `KafkaPublisher` (`@skillstats/client/kafka`): straight to Kafka with kafkajs, for long-running services.
  *

@@ -5,6 +5,7 @@ import type { AddressInfo } from "node:net";
 import { test } from "node:test";
 
 import { download, HttpPublisher, InvalidEvent, PublishRefused } from "../src/index.js";
+import { bodyKey } from "../src/http.js";
 
 type Handler = (request: IncomingMessage, body: string, response: ServerResponse) => void;
 
@@ -94,4 +95,36 @@ test("the buffer is bounded: publish waits for room", async () => {
   await stand.close();
   assert.equal(sizes.reduce((a, b) => a + b, 0), 60);
   assert.ok(sizes.every((size) => size <= 5), String(sizes));
+});
+
+test("the same events sent again by a new publisher carry the same Idempotency-Key; other events another", async () => {
+  const keys: string[] = [];
+  const stand = await server((request, _body, response) => {
+    keys.push(String(request.headers["idempotency-key"]));
+    answer(response, 202, { accepted: 1 });
+  });
+  const event = () => download("sk_1", { eventId: "ev-1", occurredAt: 1_700_000_000_000 });
+  for (const chosen of [event(), event(), download("sk_1", { eventId: "ev-2", occurredAt: 1_700_000_000_000 })]) {
+    const publisher = new HttpPublisher({ url: stand.url, lingerMs: 0 }); // a function run again: a new publisher
+    await publisher.publish(chosen);
+    await publisher.close();
+  }
+  assert.equal(keys.length, 3);
+  assert.equal(keys[0], keys[1]);
+  assert.notEqual(keys[0], keys[2]);
+  assert.equal(keys[0], await bodyKey(JSON.stringify(event()) + "\n"));
+  assert.match(keys[0], /^sha256-[0-9a-f]{64}$/);
+  await stand.close();
+});
+
+test("a failure before any request went out rejects the events instead of leaving them waiting", async () => {
+  const event = download("sk_1", { eventId: "ev-1", occurredAt: 1_700_000_000_000 });
+  const real = Object.getOwnPropertyDescriptor(globalThis, "crypto");
+  Object.defineProperty(globalThis, "crypto", { value: undefined, configurable: true }); // a runtime without WebCrypto
+  try {
+    const publisher = new HttpPublisher({ url: "http://127.0.0.1:1", lingerMs: 0 });
+    await assert.rejects(publisher.publish(event), TypeError);
+  } finally {
+    Object.defineProperty(globalThis, "crypto", real!);
+  }
 });
