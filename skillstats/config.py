@@ -13,6 +13,11 @@ from urllib.parse import unquote_plus
 # away) go through Python logging under this name; the CLI shows them only with -v.
 LIBRDKAFKA_LOG = logging.getLogger("skillstats.librdkafka")
 
+# How long a command waits for the cluster's first answer (metadata) before saying it cannot reach Kafka:
+# long enough for a slow cluster's reply, short enough that a wrong address or a stopped broker is said,
+# with Python's start, within ten seconds of the command being run.
+FIRST_ANSWER_S = 8.0
+
 # librdkafka names for the security settings, read from SKILLSTATS_KAFKA_<NAME>
 # (dots as underscores), e.g. SKILLSTATS_KAFKA_SASL_USERNAME, or from the file
 # SKILLSTATS_KAFKA_<NAME>_FILE names (SKILLSTATS_KAFKA_SASL_PASSWORD_FILE).

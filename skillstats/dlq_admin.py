@@ -52,7 +52,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from skillstats.config import Settings
+from skillstats.config import FIRST_ANSWER_S, Settings
 from skillstats.contract import StatEvent
 from skillstats.dlq import (
     H_GROUP,
@@ -142,7 +142,7 @@ def _parse(partition: int, offset: int, key: bytes | None, value: bytes | None, 
 def read_parked(
     settings: Settings,
     ranges: Mapping[int, tuple[int, int]],
-    timeout: float = 10.0,
+    timeout: float = FIRST_ANSWER_S,
     keep_payload: Callable[[ParkedRecord], bool] | None = None,
 ) -> list[ParkedRecord]:
     """The parcels in `ranges` (DLQ partition -> [start, end) offsets), in DLQ order.
@@ -198,7 +198,7 @@ def read_parked(
 
 
 def newest_parked(
-    settings: Settings, ends: Mapping[int, tuple[int, int]], limit: int = 5, timeout: float = 10.0
+    settings: Settings, ends: Mapping[int, tuple[int, int]], limit: int = 5, timeout: float = FIRST_ANSWER_S
 ) -> list[ParkedRecord]:
     """The `limit` most recently parked records, newest first; `ends`: DLQ partition -> (log start, log end)."""
     ranges = {d: (max(start, end - limit), end) for d, (start, end) in ends.items()}

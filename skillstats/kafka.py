@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from skillstats.config import Settings
+from skillstats.config import FIRST_ANSWER_S, Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -133,7 +133,7 @@ class KafkaUnreachable(ConnectionError):
         )
 
 
-def list_topic_names(settings: Settings, timeout: float = 10.0) -> dict[str, Any]:
+def list_topic_names(settings: Settings, timeout: float = FIRST_ANSWER_S) -> dict[str, Any]:
     """The cluster's topics (name -> metadata).
 
     KafkaRefused as soon as a broker refuses our credentials or TLS (waiting cures
@@ -225,7 +225,7 @@ class TopicMissing(LookupError):
         super().__init__(f"topic {topic!r} does not exist on {settings.kafka_bootstrap}; run 'skillstats init'")
 
 
-def partition_count(settings: Settings, topic: str, timeout: float = 10.0) -> int:
+def partition_count(settings: Settings, topic: str, timeout: float = FIRST_ANSWER_S) -> int:
     """How many partitions `topic` has; a clear error when it does not exist or no broker answers."""
     metadata = list_topic_names(settings, timeout).get(topic)
     if metadata is None or metadata.error is not None:
@@ -241,7 +241,7 @@ class TopicIds:
     tell that the log it reads is not the one its fences count.
     """
 
-    def __init__(self, settings: Settings, timeout: float = 10.0) -> None:
+    def __init__(self, settings: Settings, timeout: float = FIRST_ANSWER_S) -> None:
         self.settings = settings
         self.timeout = timeout
         self._admin: AdminClient | None = None
@@ -294,7 +294,9 @@ class TopicIds:
                 time.sleep(0.5)
 
 
-def topic_configs(settings: Settings, topic: str, names: tuple[str, ...], timeout: float = 10.0) -> dict[str, str]:
+def topic_configs(
+    settings: Settings, topic: str, names: tuple[str, ...], timeout: float = FIRST_ANSWER_S
+) -> dict[str, str]:
     """The values of the named configuration entries of `topic` (an entry Kafka does not report is left out)."""
     admin = AdminClient(settings.kafka_config())
     resource = ConfigResource(ResourceType.TOPIC, topic)
@@ -326,12 +328,12 @@ def topic_config_problems(configs: dict[str, str]) -> list[str]:
     return problems
 
 
-def end_offsets(settings: Settings, topic: str, timeout: float = 10.0) -> dict[int, int]:
+def end_offsets(settings: Settings, topic: str, timeout: float = FIRST_ANSWER_S) -> dict[int, int]:
     """High watermark (next offset to be written) of every partition of `topic`."""
     return {p: high for p, (_low, high) in watermarks(settings, topic, timeout).items()}
 
 
-def watermarks(settings: Settings, topic: str, timeout: float = 10.0) -> dict[int, tuple[int, int]]:
+def watermarks(settings: Settings, topic: str, timeout: float = FIRST_ANSWER_S) -> dict[int, tuple[int, int]]:
     """(log start offset, high watermark) of every partition of `topic`."""
     # read_uncommitted: the high watermark itself, not the last stable offset below an open transaction.
     probe = {"group.id": "skillstats-offsets-probe", "enable.auto.commit": False, "isolation.level": "read_uncommitted"}
@@ -377,7 +379,7 @@ def _watermark(consumer: Consumer, partition: TopicPartition, timeout: float) ->
                 consumer.list_topics(partition.topic, timeout=timeout)
 
 
-def group_members(settings: Settings, group: str, timeout: float = 10.0) -> int:
+def group_members(settings: Settings, group: str, timeout: float = FIRST_ANSWER_S) -> int:
     """How many members the consumer group has now (0 for a group Kafka does not know)."""
     admin = AdminClient(settings.kafka_config())
     try:
@@ -391,7 +393,9 @@ def group_members(settings: Settings, group: str, timeout: float = 10.0) -> int:
     return len(described.members)
 
 
-def commit_offsets(settings: Settings, group: str, topic: str, offsets: dict[int, int], timeout: float = 10.0) -> None:
+def commit_offsets(
+    settings: Settings, group: str, topic: str, offsets: dict[int, int], timeout: float = FIRST_ANSWER_S
+) -> None:
     """Set a group's committed offsets outright; the group must have no members (its consumers stopped)."""
     members = group_members(settings, group, timeout)
     if members:
@@ -403,7 +407,7 @@ def commit_offsets(settings: Settings, group: str, topic: str, offsets: dict[int
         consumer.close()
 
 
-def committed_offsets(settings: Settings, group: str, topic: str, timeout: float = 10.0) -> dict[int, int]:
+def committed_offsets(settings: Settings, group: str, topic: str, timeout: float = FIRST_ANSWER_S) -> dict[int, int]:
     """The group's committed offset per partition (partitions it never committed are left out)."""
     consumer = Consumer(settings.kafka_config(**{"group.id": group, "enable.auto.commit": False}))
     try:

@@ -57,7 +57,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
-from skillstats.config import Settings, redact_url
+from skillstats.config import FIRST_ANSWER_S, Settings, redact_url
 from skillstats.kafka import RefusalWatch, TopicIds, cluster_metadata, while_moving
 from skillstats.sinks.fences import PartitionFences
 from skillstats.sinks.identity import DOCSYNC, WINDOWS, Owner, owners  # the `role` label: rules match roles
@@ -125,7 +125,7 @@ NOTHING_PENDING = -1  # oldest_pending: the partition has no record to hand over
 class LagProbe:
     """Long-lived Kafka clients that measure lag; every call bounded by `timeout` seconds."""
 
-    def __init__(self, settings: Settings, timeout: float = 10.0) -> None:
+    def __init__(self, settings: Settings, timeout: float = FIRST_ANSWER_S) -> None:
         self.settings = settings
         self.timeout = timeout
         self.refusals = RefusalWatch()
@@ -133,10 +133,26 @@ class LagProbe:
         self.topic_ids = TopicIds(settings, timeout)
         # Assign-only readers (never subscribe, never commit): they join no group. One
         # reads what the groups are handed; the other looks past an open transaction.
-        self.reader = self._reader("read_committed")
-        self.uncommitted_reader = self._reader("read_uncommitted")
+        # Made at first use: closing a consumer that never reached a broker takes
+        # seconds, which a command told a wrong address should not spend.
+        self._readers: dict[str, Consumer] = {}
+
+    @property
+    def reader(self) -> Consumer:
+        """What the groups are handed (read_committed)."""
+        return self._reader("read_committed")
+
+    @property
+    def uncommitted_reader(self) -> Consumer:
+        """What lies past an open transaction (read_uncommitted)."""
+        return self._reader("read_uncommitted")
 
     def _reader(self, isolation: str) -> Consumer:
+        if isolation not in self._readers:
+            self._readers[isolation] = self._new_reader(isolation)
+        return self._readers[isolation]
+
+    def _new_reader(self, isolation: str) -> Consumer:
         return Consumer(
             self.settings.kafka_config(
                 **{
@@ -155,8 +171,9 @@ class LagProbe:
         )
 
     def close(self) -> None:
-        self.reader.close()
-        self.uncommitted_reader.close()
+        for consumer in self._readers.values():
+            consumer.close()
+        self._readers.clear()
 
     def measure(
         self, groups: Iterable[tuple[str, str]], applied: Mapping[str, Mapping[int, int]] | None = None
@@ -314,7 +331,7 @@ class LagProbe:
 
 
 def measure_lag(
-    settings: Settings, timeout: float = 10.0, applied: Mapping[str, Mapping[int, int]] | None = None
+    settings: Settings, timeout: float = FIRST_ANSWER_S, applied: Mapping[str, Mapping[int, int]] | None = None
 ) -> LagSnapshot:
     """One measurement of both groups (what `skillstats status` shows); `applied`: group -> SQL fences."""
     probe = LagProbe(settings, timeout)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 
-from skillstats.config import Settings
+from skillstats.config import FIRST_ANSWER_S, Settings
 from skillstats.kafka import TopicIds, partition_count, watermarks
 from skillstats.metrics import records_lost
 from skillstats.sinks.fences import PartitionFences, ReadStart, check_within_log
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class Positions:
     """One group's claim on its role, and the start of each partition it is assigned."""
 
-    def __init__(self, settings: Settings, role: str, fences: PartitionFences, timeout: float = 10.0) -> None:
+    def __init__(self, settings: Settings, role: str, fences: PartitionFences, timeout: float = FIRST_ANSWER_S) -> None:
         self.settings = settings
         self.role = role
         self.fences = fences

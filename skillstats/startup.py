@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine
 
-from skillstats.config import Settings, redact_url
+from skillstats.config import FIRST_ANSWER_S, Settings, redact_url
 from skillstats.kafka import KafkaRefused, TopicMissing, partition_count
 from skillstats.positions import Positions
 from skillstats.retry import Backoff, Outage
@@ -81,7 +81,7 @@ def wait_for_dependencies(
                 engine = open_engine(settings.database_url)
             require_current(engine)
             what = f"Kafka at {settings.kafka_bootstrap}"
-            partition_count(settings, settings.topic, timeout=10.0)
+            partition_count(settings, settings.topic, timeout=FIRST_ANSWER_S)
             what = f"the claim of the {role} role (Kafka and the database)"
             owner = Positions(settings, role, PartitionFences(engine, group, settings.topic)).claim()
         except (KafkaRefused, TopicMissing, IdentityMismatch, SchemaOutdated, ValueError):

@@ -19,7 +19,6 @@ import shlex
 import shutil
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from tests import helpers
 from tests.test_deploy import K8S, RENDERINGS, ROOT, render
 
 T = TypeVar("T")
@@ -53,15 +53,8 @@ WAIT_S = 120  # the longest any condition is waited for; reaching it fails the t
 
 
 def wait_until(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S, every: float = 0.25) -> T:
-    """Poll `probe` until it returns something truthy; fail with `what` (and the last value) after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout:.0f}s: {what}")
-        time.sleep(every)
+    """tests.helpers.wait_until, with the arguments in the order these tests read best."""
+    return helpers.wait_until(probe, timeout, what, interval=every)  # type: ignore[arg-type]
 
 
 @dataclass

@@ -10,10 +10,12 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
 from skillstats.streams.docsync import parse_interval
+from tests.conftest import record_metric
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -117,8 +119,12 @@ def test_an_unreachable_broker_is_one_clear_line(tmp_path: object, command: list
         [sys.executable, "-m", "skillstats.cli", "init", "--skip-topics"], env=env, capture_output=True, timeout=20
     )
     assert init.returncode == 0, init.stderr
+    began = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "skillstats.cli", *command], env=env, capture_output=True, text=True, timeout=20
+    )
+    record_metric(
+        f"an unreachable broker ({bootstrap}), `{' '.join(command)}` answered in {time.monotonic() - began:.1f} s"
     )
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from skillstats.cli.common import EXIT_OK, UsageError, database_options, kafka_options, positive, verbosity
-from skillstats.config import Settings, redact_url
+from skillstats.config import FIRST_ANSWER_S, Settings, redact_url
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +26,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=-1,
         help="replication factor (default: the broker's default.replication.factor)",
     )
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for Kafka (default %(default)g)")
+    parser.add_argument(
+        "--timeout", type=float, default=FIRST_ANSWER_S, help="seconds to wait for Kafka (default %(default)g)"
+    )
     parser.add_argument("--skip-topics", action="store_true", help="only migrate the SQL schema")
     parser.add_argument("--skip-schema", action="store_true", help="only create the topics")
     parser.add_argument(

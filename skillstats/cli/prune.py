@@ -58,6 +58,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    from skillstats.kafka import partition_count
     from skillstats.prune import CONFIRM_TOKEN, apply, count_hourly, delete_hourly, plan, render
     from skillstats.sinks.db import open_engine
     from skillstats.sinks.migrate import require_current
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     engine = open_engine(settings.database_url)
     try:
         require_current(engine)
+        partition_count(settings, settings.topic)  # an unreachable broker or a missing topic, said at once
         prune = plan(settings, engine, retention_days=args.retention_days, groups=groups, timeout=args.timeout)
         if args.hourly_days is not None:
             prune.hourly = count_hourly(engine, args.hourly_days)
