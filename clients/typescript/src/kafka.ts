@@ -13,7 +13,9 @@
  *
  * Each event is validated before it is sent (InvalidEvent, nothing sent), against the time the record's
  * CreateTime will carry. `acks: -1` and an idempotent producer: `publish` resolves when every in-sync
- * replica has the records.
+ * replica has the records. A `publish` that rejects may still have written the records of some partitions
+ * (one request per broker, no transaction): sending the same events again counts those twice. Where a
+ * retry must be exact, publish over HTTP (its requests are transactions, and keyed).
  */
 
 import { Kafka, Partitioners, type KafkaConfig, type Producer } from "kafkajs";
