@@ -21,6 +21,7 @@ import contextlib
 import copy
 import inspect
 import io
+import ipaddress
 import json
 import os
 import re
@@ -40,6 +41,7 @@ import yaml
 
 from skillstats.cli import build_parser
 from skillstats.config import _KAFKA_SECURITY_KEYS
+from skillstats.ingest.tokens import TokenFile
 from skillstats.streams.docsync import parse_interval
 from skillstats.streams.windows import build_app
 
@@ -426,6 +428,64 @@ def test_compose_file_is_valid_against_the_compose_specification() -> None:
     assert rules, "Prometheus in compose loads the same rules as production"
 
 
+def published_host_ip(port: str | int | dict[str, Any]) -> str:
+    """The host address a Compose `ports` entry listens on ("" for every interface)."""
+    if isinstance(port, dict):
+        return str(port.get("host_ip", ""))
+    text = str(port).split("/")[0]  # "[ip:][host:]container[/protocol]"
+    if text.startswith("["):  # "[::1]:9320:9320"
+        return text[1 : text.index("]")]
+    parts = text.split(":")
+    return parts[0] if len(parts) == 3 else ""
+
+
+def test_compose_publishes_on_loopback_only_and_ships_no_ingest_token(tmp_path: Path) -> None:
+    """The demo stack is reachable from this machine only, and its ingest token is made at the first start, in a
+    volume: none committed to git, where every clone would share it."""
+    assert [published_host_ip(p) for p in ("9320:9320", "9320", {"target": 9320})] == ["", "", ""]  # the check
+    assert [published_host_ip(p) for p in ("127.0.0.1:9320:9320", "[::1]:1:1/tcp")] == ["127.0.0.1", "::1"]
+    services = compose()["services"]
+    open_to_all = [
+        f"{name}: {port}"
+        for name, service in services.items()
+        for port in service.get("ports", [])
+        if not published_host_ip(port) or not ipaddress.ip_address(published_host_ip(port)).is_loopback
+    ]
+    assert open_to_all == []
+    assert {"127.0.0.1:9320:9320"} <= set(services["ingest"]["ports"])
+
+    # ingest reads its tokens from the named volume the one-shot ingest-token fills, never from the tree.
+    ingest, maker = services["ingest"], services["ingest-token"]
+    tokens_file = Path(ingest["environment"]["SKILLSTATS_INGEST_TOKENS_FILE"])
+    mounts = {target: source for source, target, *_ in (v.split(":") for v in ingest["volumes"])}
+    source = mounts[str(tokens_file.parent)]
+    assert source in compose()["volumes"], f"ingest's tokens come from {source}, not a named volume"
+    assert f"{source}:{tokens_file.parent}" in maker["volumes"]
+    assert maker["entrypoint"][-1] == str(tokens_file)
+    assert ingest["depends_on"]["ingest-token"]["condition"] == "service_completed_successfully"
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, text=True, check=True)
+    tracked = [p for p in listed.stdout.split("\0") if p and (ROOT / p).exists()]  # a deletion not yet committed
+    assert not [p for p in tracked if Path(p).name == tokens_file.name or p.startswith("deploy/compose/ingest-tokens")]
+
+    # The maker: a random token, for the skillstats user only, kept across restarts; and what ingest reads.
+    script = next(v.split(":")[0] for v in maker["volumes"] if v.split(":")[1] == maker["entrypoint"][1])
+    made = []
+    for run in ("one", "two"):
+        path = tmp_path / run / "ingest-tokens"
+        path.parent.mkdir()
+        for _ in range(2):  # the second start keeps the token of the first
+            result = subprocess.run([sys.executable, ROOT / script, path], capture_output=True, text=True)
+            assert result.returncode == 0, result.stderr
+            assert f"docker compose exec -T ingest cat {path}" in result.stdout
+        made.append(path.read_text())
+        assert path.stat().st_mode & 0o777 == 0o600
+        if os.geteuid() == 0:
+            assert (path.stat().st_uid, path.stat().st_gid) == (10001, 10001)
+        assert len(TokenFile(path)) == 1
+        assert made[-1].strip() not in result.stdout  # the log says where the token is, never the token
+    assert made[0] != made[1] and all(len(token.strip()) >= 43 for token in made)  # 256 random bits, base64url
+
+
 def test_dockerfile_passes_hadolint() -> None:
     hadolint = Path(sys.executable).parent / "hadolint"
     if not hadolint.exists():
@@ -488,6 +548,8 @@ def skillstats_commands() -> Iterator[tuple[str, list[str], set[str]]]:
     for name, service in compose()["services"].items():
         if service.get("image", "").startswith("localhost/skillstats") or service.get("build"):
             entrypoint = service.get("entrypoint", ["skillstats"])
+            if entrypoint[:1] != ["skillstats"]:
+                continue  # not the CLI: the ingest token's maker (test_compose_..._ships_no_ingest_token)
             argv = [*entrypoint[1:], *service.get("command", [])]
             if not argv:
                 continue  # a tool service: its arguments come from `docker compose run`
