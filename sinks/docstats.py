@@ -17,11 +17,29 @@ The fence is also the lock between drains: a drain remembers the fence it
 started reading a partition from and applies only if the fence is still there
 (compare-and-set under the row lock), so two drains that both read a partition
 (a rebalance between two processes) cannot both apply it.
+
+A partition the database refuses for good (a registry constraint such as
+`CHECK (installs_current >= 0)` rejecting one skill's delta) must not hold the
+others back. When a transaction fails on the data itself, the same partitions
+are applied again one by one, each in a savepoint of one transaction
+(`one_by_one`): those the database accepts are applied with their fences, and a
+refused one is rolled back to its savepoint and *held back*: nothing of it is
+applied, its fence stays where it was, and the next drain reads and tries it
+again, so its deltas still count exactly once, when the database takes them.
+It is not parked: docsync folds a partition's events per skill, so what the
+database refuses is a sum against the registry's row, not one record, and the
+windows group counts those very records (parking them would drop valid events
+from these columns for good). What holding costs: the held partition's other
+skills wait with it, until the row or the constraint is fixed. The refused
+skill is looked for by halving the partition's skill updates in savepoints that
+are always rolled back (log2 of its skills in UPDATEs, only for a refused
+partition), so the error says which row to look at.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +47,8 @@ from typing import Any
 from sqlalchemy import bindparam, func, select, update
 
 from skillstats.contract import FIXED_SKILL_DELTAS, Invalid, StatEvent
-from skillstats.sinks.fences import PartitionFences
+from skillstats.sinks.fences import FenceRow, PartitionFences
+from skillstats.sinks.recovery import describe, is_data_error
 from skillstats.sinks.schema import skills, user_skill_stats
 from skillstats.sinks.upserts import now_utc_naive, upsert_adding
 
@@ -93,6 +112,55 @@ class PartitionDeltas:
                 row[3] += 1
 
 
+@dataclass(frozen=True)
+class HeldPartition:
+    """A partition whose deltas the database refused: nothing of it applied, its fence left at `offset`."""
+
+    partition: int
+    offset: int  # its fence: the first offset not applied, where the next drain reads it from again
+    read_to: int  # the end (exclusive) of what this drain read of it
+    error: str  # the database's error, on one line (and the refused skill, when one was found)
+
+    def line(self) -> str:
+        return f"partition {self.partition} held at offset {self.offset} (read to {self.read_to}): {self.error}"
+
+
+# How a run's `last_error` (skillstats_docsync_runs) lists its held partitions, for `status` and
+# the lag-exporter to read back (held_from_error): a header line, then one line per partition.
+HELD_HEADER = "HeldBack: "
+_HELD_LINE = re.compile(r"^  partition (\d+) held at offset (\d+) \(read to (\d+)\): (.*)$")
+
+
+def held_error(held: Sequence[HeldPartition]) -> str:
+    """The text of a run's error for its held partitions (HELD_HEADER, then a line per partition)."""
+    partitions = sorted(h.partition for h in held)
+    lines = [
+        f"{HELD_HEADER}the database refused the deltas of partition(s) {partitions}: held back at their fences, "
+        f"every other partition applied; the next drain tries them again"
+    ]
+    lines += [f"  {h.line()}" for h in sorted(held, key=lambda h: h.partition)]
+    return "\n".join(lines)
+
+
+def held_from_error(text: str | None) -> list[HeldPartition]:
+    """The held partitions a run's `last_error` lists (held_error), wherever its block starts; [] if none."""
+    if not text:
+        return []
+    held: list[HeldPartition] = []
+    inside = False
+    for line in text.splitlines():
+        if line.startswith(HELD_HEADER):
+            inside, held = True, []
+            continue
+        found = _HELD_LINE.match(line) if inside else None
+        if found is None:
+            inside = False
+            continue
+        partition, offset, read_to, error = found.groups()
+        held.append(HeldPartition(int(partition), int(offset), int(read_to), error))
+    return held
+
+
 @dataclass
 class DocApplyOutcome:
     partitions: int = 0
@@ -100,13 +168,30 @@ class DocApplyOutcome:
     owners_updated: int = 0
     unknown_skill_events: int = 0
     lost_to_another_writer: list[int] = field(default_factory=list)
+    held: list[HeldPartition] = field(default_factory=list)  # refused by the database (one_by_one only)
+
+    def add(self, other: DocApplyOutcome) -> None:
+        self.partitions += other.partitions
+        self.skills_updated += other.skills_updated
+        self.owners_updated += other.owners_updated
+        self.unknown_skill_events += other.unknown_skill_events
 
 
 class DocStatsSink(PartitionFences):
     """Applies whole-partition deltas to `skills` and `user_skill_stats` behind the fences."""
 
-    def apply_partitions(self, drained: Sequence[PartitionDeltas]) -> DocApplyOutcome:
-        """One transaction: the partitions' deltas and their fences, each only if its fence is unmoved."""
+    def apply_partitions(self, drained: Sequence[PartitionDeltas], *, one_by_one: bool = False) -> DocApplyOutcome:
+        """One transaction: the partitions' deltas and their fences, each only if its fence is unmoved.
+
+        By default the partitions' deltas are summed per skill (each row patched once
+        per transaction), and any error fails them all. With `one_by_one`, each
+        partition is applied in a savepoint of its own, and one the database refuses
+        (a data error: sinks/recovery.py, is_data_error) is rolled back and returned in
+        `held`, its fence unmoved, while the others commit. Refused ones are tried
+        again once another was applied since (their sum may fit now); any other error
+        still fails the whole transaction. It costs a statement per partition and
+        table instead of one per table, so it is the way after a refusal, not the first.
+        """
         outcome = DocApplyOutcome()
         if not drained:
             return outcome
@@ -128,48 +213,135 @@ class DocStatsSink(PartitionFences):
                     outcome.lost_to_another_writer.append(part.partition)
                 else:
                     mine.append(part)
-            totals: dict[str, list[int]] = {}
-            for part in mine:
-                # Summed: a skill's events may have come through several of these partitions.
-                for skill_id, row in part.deltas.items():
-                    total = totals.get(skill_id)
-                    if total is None:
-                        totals[skill_id] = list(row)
-                    else:
-                        for column, amount in enumerate(row):
-                            total[column] += amount
-            owners = self._owners(connection, sorted(totals))
-            changed = []
-            for skill_id in sorted(totals):
-                downloads, all_time, current, events = totals[skill_id]
-                if skill_id not in owners:
-                    outcome.unknown_skill_events += events
-                elif downloads or all_time or current:
-                    changed.append((skill_id, downloads, all_time, current))
-            self._add_to_skills(connection, changed, now)
-            per_owner: dict[str, list[int]] = {}
-            for skill_id, downloads, all_time, current in changed:
-                owner = owners[skill_id]
-                if owner is None:
-                    continue
-                sums = per_owner.setdefault(owner, [0, 0, 0])
-                sums[0] += downloads
-                sums[1] += all_time
-                sums[2] += current
-            upsert_adding(
-                connection,
-                user_skill_stats,
-                ("owner_id",),
-                ("downloads", "installs_all_time", "installs_current"),
-                [(owner, *sums) for owner, sums in per_owner.items()],
-                "updated_at",
-                now,
-            )
-            self.advance(connection, locked, {part.partition: part.next_offset for part in mine}, now)
-        outcome.partitions = len(mine)
-        outcome.skills_updated = len(changed)
-        outcome.owners_updated = len(per_owner)
+            if one_by_one:
+                self._apply_one_by_one(connection, locked, mine, now, outcome)
+            else:
+                self._apply(connection, locked, mine, now, outcome)
         return outcome
+
+    def _apply(
+        self,
+        connection: Any,
+        locked: dict[int, FenceRow],
+        mine: Sequence[PartitionDeltas],
+        now: Any,
+        outcome: DocApplyOutcome,
+    ) -> None:
+        """The deltas of `mine`, summed per skill, and their fences (rows already locked), counted into `outcome`."""
+        totals: dict[str, list[int]] = {}
+        for part in mine:
+            # Summed: a skill's events may have come through several of these partitions.
+            for skill_id, row in part.deltas.items():
+                total = totals.get(skill_id)
+                if total is None:
+                    totals[skill_id] = list(row)
+                else:
+                    for column, amount in enumerate(row):
+                        total[column] += amount
+        owners = self._owners(connection, sorted(totals))
+        changed = []
+        unknown = 0
+        for skill_id in sorted(totals):
+            downloads, all_time, current, events = totals[skill_id]
+            if skill_id not in owners:
+                unknown += events
+            elif downloads or all_time or current:
+                changed.append((skill_id, downloads, all_time, current))
+        self._add_to_skills(connection, changed, now)
+        per_owner: dict[str, list[int]] = {}
+        for skill_id, downloads, all_time, current in changed:
+            owner = owners[skill_id]
+            if owner is None:
+                continue
+            sums = per_owner.setdefault(owner, [0, 0, 0])
+            sums[0] += downloads
+            sums[1] += all_time
+            sums[2] += current
+        upsert_adding(
+            connection,
+            user_skill_stats,
+            ("owner_id",),
+            ("downloads", "installs_all_time", "installs_current"),
+            [(owner, *sums) for owner, sums in per_owner.items()],
+            "updated_at",
+            now,
+        )
+        self.advance(connection, locked, {part.partition: part.next_offset for part in mine}, now)
+        outcome.partitions += len(mine)
+        outcome.skills_updated += len(changed)
+        outcome.owners_updated += len(per_owner)
+        outcome.unknown_skill_events += unknown
+
+    def _apply_one_by_one(
+        self,
+        connection: Any,
+        locked: dict[int, FenceRow],
+        mine: Sequence[PartitionDeltas],
+        now: Any,
+        outcome: DocApplyOutcome,
+    ) -> None:
+        pending = list(mine)
+        refused: list[tuple[PartitionDeltas, BaseException]] = []
+        while pending:
+            refused = []
+            for part in pending:
+                step = DocApplyOutcome()
+                try:
+                    with connection.begin_nested():
+                        self._apply(connection, locked, [part], now, step)
+                except Exception as exc:
+                    if not is_data_error(exc):
+                        raise  # about the database, not this partition: the whole transaction fails
+                    refused.append((part, exc))
+                    continue
+                outcome.add(step)
+            if len(refused) == len(pending):
+                break
+            pending = [part for part, _exc in refused]  # something was applied since: the sums may fit now
+        for part, exc in refused:
+            error = _one_line(describe(exc))
+            detail = _detail(exc)
+            if detail:
+                error += f" ({detail})"
+            skill = self._refused_skill(connection, part, now)
+            if skill is not None:
+                skill_id, downloads, all_time, current = skill
+                error += (
+                    f"; the row refused: skill {skill_id!r}, adding downloads {downloads:+d}, installs_all_time "
+                    f"{all_time:+d}, installs_current {current:+d}"
+                )
+            outcome.held.append(HeldPartition(part.partition, part.start, part.next_offset, error[:1000]))
+
+    def _refused_skill(self, connection: Any, part: PartitionDeltas, now: Any) -> tuple[str, int, int, int] | None:
+        """The first skill (by id) of `part` whose update alone the database refuses, and its deltas; None when
+        the skill updates pass (the owners' totals were refused) or no single one fails.
+
+        Halving in savepoints that are always rolled back: about log2(skills) UPDATEs,
+        paid only for a refused partition."""
+        owners = self._owners(connection, sorted(part.deltas))
+        rows = [
+            (skill_id, d, a, c)
+            for skill_id, (d, a, c, _events) in sorted(part.deltas.items())
+            if skill_id in owners and (d or a or c)
+        ]
+
+        def refuses(candidates: list[tuple[str, int, int, int]]) -> bool:
+            try:
+                with connection.begin_nested() as probe:
+                    self._add_to_skills(connection, candidates, now)
+                    probe.rollback()
+            except Exception as exc:
+                if is_data_error(exc):
+                    return True
+                raise
+            return False
+
+        if not rows or not refuses(rows):
+            return None
+        while len(rows) > 1:
+            half = len(rows) // 2
+            rows = rows[:half] if refuses(rows[:half]) else rows[half:]
+        return rows[0] if refuses(rows) else None
 
     def _owners(self, connection: Any, skill_ids: list[str]) -> dict[str, str | None]:
         owners: dict[str, str | None] = {}
@@ -203,3 +375,15 @@ class DocStatsSink(PartitionFences):
 
 def _coalesce(column: Any) -> Any:
     return func.coalesce(column, 0)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _detail(exc: BaseException) -> str | None:
+    """PostgreSQL's DETAIL of an error (for a CHECK violation: the failing row, which names the skill)."""
+    cause = getattr(exc, "orig", None) or exc
+    diag = getattr(cause, "diag", None)
+    detail = getattr(diag, "message_detail", None)
+    return _one_line(detail) if detail else None

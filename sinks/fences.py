@@ -36,14 +36,14 @@ reset leaves ahead of it. Against the partition's log as it is now:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, bindparam, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from skillstats.sinks.identity import Owner, mismatch, owner_of, record, record_topic_id
+from skillstats.sinks.identity import Owner, mismatch, not_the_owner_message, owner_of, record, record_topic_id
 from skillstats.sinks.schema import dlq_replays, partition_fences, rejected_records
 
 DlqMark = tuple[int, int]  # (DLQ partition, DLQ offset to read parked parcels from)
@@ -292,6 +292,7 @@ class PartitionFences:
         now: datetime,
         owner: Owner | None = None,
         replaced: bool = False,
+        dropped: Sequence[int] = (),
     ) -> None:
         """Set fences outright (an operator's explicit choice, see `skillstats fences reset`), and record `owner`
         (the group, the topic and its id as they are now) as its role's, in the same transaction.
@@ -314,6 +315,10 @@ class PartitionFences:
                     .values(copy_partition=None, copy_offset=None)
                 )
                 connection.execute(rejected_records.delete().where(rejected_records.c.topic == self.topic))
+            if dropped:  # rows of partitions the topic does not have: written against another topic
+                connection.execute(
+                    partition_fences.delete().where(self._mine(), partition_fences.c.partition.in_(list(dropped)))
+                )
             connection.execute(
                 update(partition_fences)
                 .where(self._mine(), partition_fences.c.partition == bindparam("p"))
@@ -325,6 +330,76 @@ class PartitionFences:
                 ),
                 [{"p": p, "n": n, "dp": dlq_marks[p][0], "do": dlq_marks[p][1]} for p, n in sorted(targets.items())],
             )
+
+
+@dataclass(frozen=True, slots=True)
+class ResetPlan:
+    """What `skillstats fences reset` would do (`plan_reset`), or why it refuses (`refusal`)."""
+
+    targets: dict[int, int]  # partition -> its new fence
+    left: dict[int, int | None]  # partitions not chosen -> their fence (None: no row, reads from the log start)
+    dropped: list[int]  # fence rows of partitions the topic does not have: removed
+    replaced: bool  # the counts so far belong to another topic (name or id)
+    records_id: bool  # the reset records this topic's id as the one the counts belong to
+    refusal: str | None = None
+
+
+def plan_reset(
+    group: str,
+    topic: str,
+    topic_id: str | None,
+    recorded: Owner | None,
+    logs: Mapping[int, tuple[int, int]],
+    current: Mapping[int, int],
+    chosen: Iterable[int] | None,
+    to: str,
+) -> ResetPlan:
+    """A reset of `group`'s fences on `topic` (`logs`: partition -> (log start, log end) now) to the log `to`
+    ("start" or "end"), for the partitions `chosen` (None: every one), against what the tables hold.
+
+    Refused when `group` is not the recorded owner of the role's tables (a new name
+    would count again everything the owner counted: `takeover` renames), and when
+    the reset records the topic's id (a replaced topic, or the first id) but would
+    leave a fence that does not fit this log: once the id is recorded every check
+    passes, and such a fence skips the head of the new log as applied. So a
+    replaced topic is reset whole, a first id needs the fences left alone within
+    their log, and rows of partitions the topic does not have are dropped.
+    """
+    wanted = set(logs) if chosen is None else set(chosen) & set(logs)
+    replaced = recorded is not None and (
+        recorded.topic != topic or (recorded.topic_id is not None and recorded.topic_id != topic_id)
+    )
+    records_id = replaced or (topic_id is not None and (recorded is None or recorded.topic_id is None))
+    targets = {p: (low if to == "start" else high) for p, (low, high) in logs.items() if p in wanted}
+    left = {p: current.get(p) for p in logs if p not in wanted}
+    dropped = sorted(p for p in current if p not in logs) if records_id else []
+    plan = ResetPlan(targets, left, dropped, replaced, records_id)
+    if recorded is not None and recorded.group_id != group:
+        return replace(plan, refusal=not_the_owner_message(recorded, group))
+    if not left or not records_id:
+        return plan
+    where = ", ".join(str(p) for p in sorted(left))
+    if replaced:
+        return replace(
+            plan,
+            refusal=(
+                f"topic {topic} is not the one group {group}'s fences were written against, and partitions {where} "
+                f"would keep fences of the old topic: once the new topic's id is recorded they would pass every "
+                f"check and skip the head of its log as applied. Reset every partition (leave out --partition); "
+                f"nothing was changed"
+            ),
+        )
+    ahead = sorted(p for p, fence in left.items() if fence is not None and fence > logs[p][1])
+    if ahead:
+        return replace(
+            plan,
+            refusal=(
+                f"this reset records topic {topic}'s id for group {group} for the first time, and the fences of "
+                f"partitions {', '.join(map(str, ahead))} (not chosen) are past their log end: they were written "
+                f"against another log. Reset them too (or every partition); nothing was changed"
+            ),
+        )
+    return plan
 
 
 def _row(next_offset: int, dlq_partition: int | None, dlq_next_offset: int | None) -> FenceRow:

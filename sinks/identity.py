@@ -27,6 +27,7 @@ restored backup brings back the owner its counts were written by.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -77,6 +78,14 @@ def owners(engine: Engine) -> dict[str, Owner]:
         return {role: Owner(role, group, topic, topic_id) for role, group, topic, topic_id in rows}
 
 
+def counted_topics(engine: Engine) -> dict[str, list[str]]:
+    """Topic name -> the roles whose tables in this database count it (empty: nothing claimed yet)."""
+    found: dict[str, list[str]] = {}
+    for role, owner in sorted(owners(engine).items()):
+        found.setdefault(owner.topic, []).append(role)
+    return found
+
+
 def claim(engine: Engine, wanted: Owner, now: datetime, recount: Mapping[int, int] | None = None) -> Owner:
     """Register `wanted`'s group and topic as its role's owner if the role has none; refuse (IdentityMismatch) if
     it has another. Returns the recorded owner.
@@ -100,13 +109,37 @@ def claim(engine: Engine, wanted: Owner, now: datetime, recount: Mapping[int, in
                     "topic_id": None,
                     "registered_at": now,
                     "updated_at": now,
+                    "claim_id": new_mark(),
                 }
             ],
         )
+        check_role_clash(connection, wanted)
         recorded = owner_of(connection, wanted.role)
         assert recorded is not None
         mismatch(recorded, wanted, recount)
         return recorded
+
+
+def check_role_clash(connection: Connection, wanted: Owner) -> None:
+    """IdentityMismatch when `wanted`'s group is recorded as the writer of another role's tables.
+
+    The fences are rows per group and topic: one group for both roles would share
+    them, and each role would skip as applied what the other applied. Checked in
+    every claim and every explicit change of owner (reset, takeover), so no path
+    records one group for two roles. A takeover cannot fix this, so the message
+    does not offer one.
+    """
+    rows = connection.execute(
+        select(consumers.c.role).where(consumers.c.group_id == wanted.group_id, consumers.c.role != wanted.role)
+    ).all()
+    for (other,) in rows:
+        raise IdentityMismatch(
+            f"group {wanted.group_id!r} writes the {TABLES[other]} ({other}) in this database, so it cannot also "
+            f"write the {TABLES[wanted.role]} ({wanted.role}): the two roles keep their fences per group, and one "
+            f"would skip what the other applied; nothing was applied. Give the {wanted.role} role a group of its "
+            f"own: SKILLSTATS_{wanted.role.upper()}_GROUP (--group) must differ from "
+            f"SKILLSTATS_{other.upper()}_GROUP."
+        )
 
 
 def record_topic_id(connection: Connection, owner: Owner, now: datetime) -> None:
@@ -163,14 +196,78 @@ def group_message(recorded: Owner, wanted_group: str, recount: Mapping[int, int]
     )
 
 
+def not_the_owner_message(recorded: Owner, group: str) -> str:
+    """Why an operator's tool refuses to make `group` the owner of tables `recorded.group_id` writes."""
+    return (
+        f"the {TABLES[recorded.role]} in this database hold the counts of group {recorded.group_id!r}, not "
+        f"{group!r}: a reset would make {group!r} their writer with fences of its own, and it would count again "
+        f"what {recorded.group_id!r} counted; nothing was changed. Reset {recorded.group_id!r} itself, or, if "
+        f"{group!r} is that group renamed, hand its fences over first: `skillstats fences takeover --from "
+        f"{recorded.group_id} --group {group} --confirm {TAKEOVER_TOKEN}`."
+    )
+
+
 def record(connection: Connection, owner: Owner, now: datetime) -> None:
     """Set `owner` as its role's owner outright, inside the caller's transaction (a reset or a takeover)."""
+    check_role_clash(connection, owner)
     dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
     values = {"group_id": owner.group_id, "topic": owner.topic, "topic_id": owner.topic_id, "updated_at": now}
     connection.execute(
         dialect.insert(consumers)
-        .values(role=owner.role, registered_at=now, **values)
+        .values(role=owner.role, registered_at=now, claim_id=new_mark(), **values)
         .on_conflict_do_update(index_elements=["role"], set_=values)
+    )
+
+
+# Which database counts a group, as its Kafka offset commits carry it (their metadata): MARK_PREFIX and the
+# role's claim_id. Made when a role is first claimed in this database, kept through resets and takeovers (the
+# same counts go on), and carried by a restored backup: a database of its own has a mark of its own.
+MARK_PREFIX = "skillstats-database:"
+
+
+def new_mark() -> str:
+    return uuid.uuid4().hex
+
+
+def recorded_mark(engine: Engine, role: str) -> str | None:
+    """This database's mark for `role` as recorded (None: not claimed, or no mark yet); reads only."""
+    with engine.connect() as connection:
+        found = connection.execute(select(consumers.c.claim_id).where(consumers.c.role == role)).scalar()
+    return None if found is None else MARK_PREFIX + found
+
+
+def database_mark(engine: Engine, role: str) -> str:
+    """The commit metadata that says this database counts `role`'s group (a mark made now if the row has none)."""
+    with engine.begin() as connection:
+        found = connection.execute(select(consumers.c.claim_id).where(consumers.c.role == role)).scalar()
+        if found is None:
+            found = new_mark()
+            connection.execute(
+                update(consumers).where(consumers.c.role == role, consumers.c.claim_id.is_(None)).values(claim_id=found)
+            )
+            found = connection.execute(select(consumers.c.claim_id).where(consumers.c.role == role)).scalar()
+            if found is None:
+                raise IdentityMismatch(f"the {role} role is not claimed in this database: nothing to mark")
+    return MARK_PREFIX + found
+
+
+def other_databases(mark: str, committed: Mapping[int, str | None]) -> dict[int, str]:
+    """The partitions whose last Kafka commit says another database counts the group (no mark: none says)."""
+    return {p: m for p, m in committed.items() if m and m.startswith(MARK_PREFIX) and m != mark}
+
+
+def another_database_message(group: str, topic: str, mark: str, theirs: Mapping[int, str], bootstrap: str) -> str:
+    partitions = ", ".join(str(p) for p in sorted(theirs)[:12]) + (" ..." if len(theirs) > 12 else "")
+    other = sorted(set(theirs.values()))[0].removeprefix(MARK_PREFIX)
+    return (
+        f"group {group!r} on topic {topic!r} is counted by another database: its Kafka commits of partitions "
+        f"{partitions} carry database mark {other}, and this database's is {mark.removeprefix(MARK_PREFIX)}. Two "
+        f"databases under one group split its partitions, and each would miss what the other reads; nothing was "
+        f"applied. Give this deployment a group of its own (SKILLSTATS_WINDOWS_GROUP / SKILLSTATS_DOCSYNC_GROUP, "
+        f"then `skillstats fences` shows where it starts), or point it at the database that counts the group. If "
+        f"this database is meant to replace that one, stop every consumer of the group, delete the group's "
+        f"committed offsets (they are hints; the SQL fences are the position): `kafka-consumer-groups.sh "
+        f"--bootstrap-server {bootstrap} --delete --group {group}`, and start again."
     )
 
 
@@ -178,6 +275,7 @@ def take_over(engine: Engine, role: str, old_group: str, new_group: str, now: da
     """Hand `old_group`'s fences and `role` to `new_group`, in one transaction; returns the fence rows moved."""
     with engine.begin() as connection:
         recorded = owner_of(connection, role)
+        check_role_clash(connection, Owner(role, new_group, recorded.topic if recorded else "", None))
         if recorded is not None and recorded.group_id != old_group:
             raise IdentityMismatch(
                 f"the {role} role belongs to group {recorded.group_id!r}, not {old_group!r}: nothing was handed over"

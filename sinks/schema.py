@@ -85,6 +85,8 @@ consumers = Table(
     Column("topic_id", Text, nullable=True),
     Column("registered_at", DateTime, nullable=False),
     Column("updated_at", DateTime, nullable=False),
+    # A random mark made by the claim: which database counts the group, written into its Kafka commits.
+    Column("claim_id", Text, nullable=True),
 )
 
 # One row per `skillstats docsync` run: the seed's lease row made visible. A run

@@ -76,6 +76,16 @@ class Settings:
     docsync_group: str = "skillstats-docsync"
     kafka_security: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if self.windows_group == self.docsync_group:
+            # The fences are rows per (group, partition): one group for both roles would share them, and each
+            # role would skip as "applied" what the other applied (docs/contract.md, "Whose counts these are").
+            raise SettingsError(
+                f"the windows and docsync groups are both {self.windows_group!r}: each role needs a consumer "
+                f"group of its own (their fences are kept per group); set SKILLSTATS_WINDOWS_GROUP and "
+                f"SKILLSTATS_DOCSYNC_GROUP (or --group) to two different names"
+            )
+
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
         env = dict(os.environ if env is None else env)

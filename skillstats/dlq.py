@@ -19,16 +19,28 @@ broker still refuses one as too large (a DLQ topic created elsewhere with a
 smaller limit) it is truncated further and sent again. A truncated parcel says
 so in its headers, with its original size; partition and offset name the
 source record, which stays readable in the source topic until retention.
+
+Which parcels are the worker's own: those of the database whose counts skip
+them, not merely of the group name. A parcel carries the windows role's claim
+mark (`skillstats_consumers.claim_id`, made at the role's first claim and kept
+by `fences takeover` and `fences reset`: the same counts go on) as
+`skillstats.database`. So a group renamed by a takeover recognises what its
+predecessor parked before it died (the DLQ marks moved with the fences, and
+the parcels in their range carry the same mark), and a deployment with a
+database of its own parking into the same DLQ under the same group name is
+not taken for this one: its parcels are its verdicts, not ours. A parcel
+without a mark (parked before this version) is recognised by its group name,
+as before. The cost: one SQL read per process, at its first parking.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -38,6 +50,9 @@ from skillstats.publisher import producer_config
 from skillstats.retry import Backoff
 from skillstats.sinks.fences import DlqMark
 from skillstats.sinks.recovery import Abandoned, Health, NotOwned
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +67,9 @@ H_PARTITION = "skillstats.source.partition"
 H_OFFSET = "skillstats.source.offset"
 H_PARKED_AT = "skillstats.parked_at"
 H_GROUP = "skillstats.group"
+# The claim mark of the windows role in the database of the group that parked it (skillstats_consumers.claim_id):
+# the same through takeovers and resets, another for a database of its own. Absent on parcels of older versions.
+H_DATABASE = "skillstats.database"
 H_TRUNCATED = "skillstats.truncated"
 H_ORIGINAL_BYTES = "skillstats.original_bytes"
 # The source record's Kafka timestamp (ms): validity depends on it, so a replay keeps it.
@@ -84,10 +102,14 @@ class Parcel:
     timestamp: int | None = None  # the source record's Kafka timestamp
 
 
-def park_headers(parcel: Parcel, source_topic: str, group: str, parked_at_ms: int) -> Headers:
+def park_headers(
+    parcel: Parcel, source_topic: str, group: str, parked_at_ms: int, database: str | None = None
+) -> Headers:
     origin = [(H_REPLAYED_FROM, parcel.replayed_from)] if parcel.replayed_from is not None else []
     if parcel.timestamp is not None:
         origin.append((H_TIMESTAMP, str(parcel.timestamp).encode()))
+    if database is not None:
+        origin.append((H_DATABASE, database.encode()))
     return [
         *origin,
         (H_REASON, parcel.reason.encode()),
@@ -98,6 +120,39 @@ def park_headers(parcel: Parcel, source_topic: str, group: str, parked_at_ms: in
         (H_PARKED_AT, str(parked_at_ms).encode()),
         (H_GROUP, group.encode()),
     ]
+
+
+def own_parcel(headers: Mapping[str, bytes | None], group: str, database: str | None) -> bool:
+    """Whether a parcel was parked for the tables `group` writes in the database whose claim mark is `database`.
+
+    By the parcel's database mark when both sides have one: every group that wrote
+    these tables (a takeover's predecessor, a zombie of it) parked under this mark,
+    and no other database did. Otherwise by the group name, as before marks existed:
+    a predecessor's unmarked parcel is then not recognised (it is parked once more,
+    never lost), and another database's under the same name is (its verdict taken
+    for ours, as before).
+    """
+    theirs = headers.get(H_DATABASE)
+    if theirs is not None and database is not None:
+        return theirs == database.encode()
+    return headers.get(H_GROUP) == group.encode()
+
+
+def database_mark_of(engine: Engine) -> str | None:
+    """The windows role's claim mark in `engine`'s database (None before the role was claimed).
+
+    Whichever group asks: only the role's owner parks (any other is refused at its
+    claim), save the old owner still running after a takeover forced past its
+    members, and that one parks for these same tables.
+    """
+    from sqlalchemy import select
+
+    from skillstats.sinks.identity import WINDOWS
+    from skillstats.sinks.schema import consumers
+
+    with engine.connect() as connection:
+        found = connection.execute(select(consumers.c.claim_id).where(consumers.c.role == WINDOWS)).scalar()
+    return str(found) if found is not None else None
 
 
 def truncated(parcel: Parcel, limit: int) -> tuple[Parcel, Headers]:
@@ -113,10 +168,17 @@ def truncated(parcel: Parcel, limit: int) -> tuple[Parcel, Headers]:
 class DeadLetters:
     """Parks records in the DLQ topic, once, and returns only once the broker has acknowledged them."""
 
+    # This database's claim mark (H_DATABASE), read from `_database_url` at the first parking and kept: a
+    # takeover or reset keeps it, and a takeover stops this process anyway (its owner check).
+    database: str | None = None
+    _database_url: str | None = None
+    _database_known = False
+
     def __init__(self, settings: Settings, group: str, *, timeout: float = 30.0) -> None:
         self.source_topic = settings.topic
         self.topic = settings.dlq_topic
         self.group = group
+        self._database_url = settings.database_url
         self.timeout = timeout
         self.limit = DLQ_MAX_MESSAGE_BYTES
         self._producer = Producer(
@@ -157,6 +219,7 @@ class DeadLetters:
         attempt = 0
         while True:
             try:
+                self._know_database()
                 updates = self._park_once(parcels, marks, batch_end, stop, owns)
             except (KafkaException, RuntimeError) as exc:
                 if health is not None:
@@ -219,6 +282,24 @@ class DeadLetters:
                 updates[q] = (marks.get(q), marks.get(q) or (d, 0))  # keep the old mark: always safe
         return updates
 
+    def _know_database(self) -> None:
+        """Read this database's claim mark once (RuntimeError while the database cannot say: retried)."""
+        if self._database_known or self._database_url is None:
+            return
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from skillstats.sinks.db import open_engine
+
+        try:
+            engine = open_engine(self._database_url)
+            try:
+                self.database = database_mark_of(engine)
+            finally:
+                engine.dispose()
+        except SQLAlchemyError as exc:
+            raise RuntimeError(f"reading this database's claim mark: {exc}") from exc
+        self._database_known = True
+
     def end_marks(self, partitions: Sequence[int]) -> dict[int, DlqMark]:
         """For each source partition, a mark at the current end of its DLQ partition (after a fence reset)."""
         count = self._partition_count()
@@ -237,7 +318,8 @@ class DeadLetters:
     def _read_parked(
         self, starts: Mapping[int, int], ends: Mapping[int, int]
     ) -> dict[tuple[int, int], tuple[int, int]]:
-        """(source partition, source offset) -> (DLQ partition, DLQ offset) of this group's parcels in the ranges."""
+        """(source partition, source offset) -> (DLQ partition, DLQ offset) of this database's parcels in the ranges
+        (`own_parcel`: a takeover's predecessor's included)."""
         todo = {d: ends[d] for d in starts if starts[d] < ends[d]}
         found: dict[tuple[int, int], tuple[int, int]] = {}
         if not todo:
@@ -260,12 +342,12 @@ class DeadLetters:
                     d, at = message.partition(), message.offset()
                     deadline = time.monotonic() + self.timeout
                     headers = dict(message.headers() or [])
-                    if (
-                        headers.get(H_GROUP) == self.group.encode()
-                        and headers.get(H_TOPIC) == self.source_topic.encode()
+                    if headers.get(H_TOPIC) == self.source_topic.encode() and own_parcel(
+                        headers, self.group, self.database
                     ):
-                        with contextlib.suppress(KeyError, ValueError):
-                            found[(int(headers[H_PARTITION]), int(headers[H_OFFSET]))] = (d, at)
+                        source = _source(headers)
+                        if source is not None:
+                            found[source] = (d, at)
                     if at + 1 >= todo.get(d, 0):
                         todo.pop(d, None)
         finally:
@@ -302,7 +384,7 @@ class DeadLetters:
                         len(cut.record.value or b""),
                         len(parcel.record.value or b""),
                     )
-                headers = [*park_headers(cut, self.source_topic, self.group, now_ms), *extra]
+                headers = [*park_headers(cut, self.source_topic, self.group, now_ms, self.database), *extra]
                 while True:
                     try:
                         self._producer.produce(
@@ -333,3 +415,11 @@ class DeadLetters:
     def close(self) -> None:
         self._producer.flush(self.timeout)
         self._reader.close()
+
+
+def _source(headers: Mapping[str, bytes | None]) -> tuple[int, int] | None:
+    """(source partition, source offset) a parcel names, None when it names none."""
+    try:
+        return int(headers[H_PARTITION] or b""), int(headers[H_OFFSET] or b"")
+    except (KeyError, ValueError):
+        return None

@@ -222,15 +222,48 @@ class TopicMissing(LookupError):
     """The topic a command is set to use does not exist (a typo in a setting, or `skillstats init` not run)."""
 
     def __init__(self, settings: Settings, topic: str) -> None:
-        super().__init__(f"topic {topic!r} does not exist on {settings.kafka_bootstrap}; run 'skillstats init'")
+        super().__init__(
+            f"topic {topic!r} does not exist on {settings.kafka_bootstrap}: check SKILLSTATS_TOPIC (--topic) for a "
+            f"typo; 'skillstats init' creates it, for a new deployment only"
+        )
+        self.topic = topic
+
+
+# How long a topic absent from the metadata is asked about again (fresh metadata every
+# _SETTLE_PAUSE_S) before it is called missing: a topic just created, or a partition just
+# added, takes a moment to reach every broker, and the one asked may not know it yet.
+# A topic that really does not exist costs this much more before its one-line refusal.
+TOPIC_SETTLE_S = 2.0
+_SETTLE_PAUSE_S = 0.25
 
 
 def partition_count(settings: Settings, topic: str, timeout: float = FIRST_ANSWER_S) -> int:
-    """How many partitions `topic` has; a clear error when it does not exist or no broker answers."""
-    metadata = list_topic_names(settings, timeout).get(topic)
-    if metadata is None or metadata.error is not None:
-        raise TopicMissing(settings, topic)
-    return len(metadata.partitions)
+    """How many partitions `topic` has; a clear error when it does not exist or no broker answers.
+
+    Not every error in a topic's metadata means it does not exist: a topic whose
+    leader is being elected (right after it was created, or a broker restart) says
+    LEADER_NOT_AVAILABLE. Those are asked again, with fresh metadata, for up to
+    `timeout`, and then raised as the KafkaException they are (a failure, not a
+    refusal: TopicMissing makes the consumers exit 2). A topic absent from the
+    metadata, or UNKNOWN_TOPIC_OR_PART, is asked again for TOPIC_SETTLE_S first.
+    """
+    started = time.monotonic()
+    while True:
+        metadata = list_topic_names(settings, timeout).get(topic)
+        error = None if metadata is None else metadata.error
+        if metadata is not None and error is None:
+            return len(metadata.partitions)
+        waited = time.monotonic() - started
+        if error is None or error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            if waited >= min(timeout, TOPIC_SETTLE_S):
+                raise TopicMissing(settings, topic)
+        elif error.retriable() or error.code() in _MOVING:
+            if waited >= timeout:
+                raise KafkaException(error)
+        else:
+            raise TopicMissing(settings, topic)
+        log.debug("metadata of topic %s: %s; asking again", topic, error or "not listed")
+        time.sleep(_SETTLE_PAUSE_S)
 
 
 class TopicIds:
@@ -283,13 +316,27 @@ class TopicIds:
     def get(self, topic: str) -> str | None:
         """Asked again, by a new client, while Kafka cannot say: right after a broker is killed the
         cluster still names it until the controller fences it (broker.session.timeout.ms, 9 s by
-        default), for up to _WATERMARK_PATIENCE times the timeout."""
-        deadline = time.monotonic() + _WATERMARK_PATIENCE * self.timeout
+        default), for up to _WATERMARK_PATIENCE times the timeout; while a leader moves (a retriable
+        error) for as long; and an unknown topic for TOPIC_SETTLE_S (just created, the broker asked
+        may not know it yet) before it is TopicMissing."""
+        started = time.monotonic()
+        deadline = started + _WATERMARK_PATIENCE * self.timeout
         while True:
             try:
                 return self.answer(topic, self.request(topic))
             except KafkaUnreachable:
                 if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
+            except TopicMissing:
+                if time.monotonic() - started >= min(self.timeout, TOPIC_SETTLE_S):
+                    raise
+                self._admin = None  # fresh metadata
+                time.sleep(_SETTLE_PAUSE_S)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                moving = isinstance(error, KafkaError) and (error.retriable() or error.code() in _MOVING)
+                if not moving or time.monotonic() >= deadline:
                     raise
                 time.sleep(0.5)
 
@@ -368,7 +415,11 @@ def _watermark(consumer: Consumer, partition: TopicPartition, timeout: float) ->
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
             again = isinstance(error, KafkaError) and (
-                error.retriable() or error.code() in _MOVING or error.code() in _BROKER_GONE
+                error.retriable()
+                or error.code() in _MOVING
+                or error.code() in _BROKER_GONE
+                # partition_count listed it: a leader that does not know it yet (just added).
+                or error.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION)
             )
             if not again or time.monotonic() >= deadline:
                 raise
@@ -394,17 +445,48 @@ def group_members(settings: Settings, group: str, timeout: float = FIRST_ANSWER_
 
 
 def commit_offsets(
-    settings: Settings, group: str, topic: str, offsets: dict[int, int], timeout: float = FIRST_ANSWER_S
+    settings: Settings,
+    group: str,
+    topic: str,
+    offsets: dict[int, int],
+    timeout: float = FIRST_ANSWER_S,
+    metadata: str | None = None,
 ) -> None:
-    """Set a group's committed offsets outright; the group must have no members (its consumers stopped)."""
+    """Set a group's committed offsets outright; the group must have no members (its consumers stopped).
+
+    `metadata`: the database mark the group's commits carry (sinks/identity.py)."""
     members = group_members(settings, group, timeout)
     if members:
         raise RuntimeError(f"group {group!r} has {members} active member(s); stop its consumers first")
     consumer = Consumer(settings.kafka_config(**{"group.id": group, "enable.auto.commit": False}))
     try:
-        consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in sorted(offsets.items())], asynchronous=False)
+        consumer.commit(
+            offsets=[TopicPartition(topic, p, o, metadata=metadata) for p, o in sorted(offsets.items())],
+            asynchronous=False,
+        )
     finally:
         consumer.close()
+
+
+def commit_metadata(
+    settings: Settings, group: str, topic: str, partitions: int | None = None, timeout: float = FIRST_ANSWER_S
+) -> dict[int, str]:
+    """The metadata of the group's last commit per partition of `topic` (partitions never committed left out).
+
+    One OffsetFetch through the admin API: no consumer is made, and the group is
+    not joined. Where the consumers write which database counts the group."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    admin = AdminClient(settings.kafka_config())
+    if partitions is None:
+        partitions = partition_count(settings, topic, timeout)
+    request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in range(partitions)])
+    answer = admin.list_consumer_group_offsets([request], request_timeout=timeout)[group].result(timeout)
+    return {
+        tp.partition: tp.metadata or ""
+        for tp in answer.topic_partitions
+        if tp.topic == topic and tp.offset >= 0 and tp.error is None
+    }
 
 
 def committed_offsets(settings: Settings, group: str, topic: str, timeout: float = FIRST_ANSWER_S) -> dict[int, int]:

@@ -132,6 +132,12 @@ DOCSYNC_DURATION = Gauge(
     "How long this process' last drain took",
     ["group"],
 )
+DOCSYNC_HELD = Gauge(
+    "skillstats_docsync_held_back_offset",
+    "Partitions this process' last drain held back because the database refused their deltas: the offset each "
+    "is held at (its fence; nothing from it applied)",
+    ["group", "partition"],
+)
 
 INGEST_REQUESTS = Counter(
     "skillstats_ingest_requests",
@@ -308,6 +314,21 @@ def drain_finished(
     UNKNOWN_SKILL_EVENTS.labels(group).inc(unknown_skill)
     for table, rows in rows_upserted.items():
         ROWS_UPSERTED.labels(group, table).inc(rows)
+
+
+_held_partitions: dict[str, set[str]] = {}
+
+
+def docsync_held(group: str, held: Mapping[int, int]) -> None:
+    """Docsync's hook, after a drain that got to apply: the partitions it held back (partition -> offset).
+
+    Replaces the last drain's set, so a partition applied since leaves no series behind."""
+    now = {str(partition): offset for partition, offset in held.items()}
+    for partition in _held_partitions.get(group, set()) - set(now):
+        DOCSYNC_HELD.remove(group, partition)
+    for partition, offset in now.items():
+        DOCSYNC_HELD.labels(group, partition).set(offset)
+    _held_partitions[group] = set(now)
 
 
 # ---------------------------------------------------------------------- serving

@@ -9,7 +9,12 @@ topic's id and its partitions' log start and end every time, because both
 change under a running consumer: a topic recreated, retention moving the log
 start past a fence.
 
-What it costs: two admin requests and one short SQL transaction per
+The claim also reads the group's last Kafka commits: each carries the mark of
+the database that counts the group (sinks/identity.py), and another database's
+mark refuses the consumer, so two deployments with databases of their own
+cannot split one group's partitions without a word.
+
+What it costs: three admin requests and one short SQL transaction per
 assignment (the windows worker) or per drain (docsync), and the windows
 worker asks for the topic id once more before each batch's transaction (see
 streams/windows.py). What a fence below the log start loses is lost: retention
@@ -22,16 +27,31 @@ start.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 
 from skillstats.config import FIRST_ANSWER_S, Settings
-from skillstats.kafka import TopicIds, partition_count, watermarks
+from skillstats.kafka import TOPIC_SETTLE_S, TopicIds, commit_metadata, partition_count, watermarks
 from skillstats.metrics import records_lost
 from skillstats.sinks.fences import PartitionFences, ReadStart, check_within_log
-from skillstats.sinks.identity import IdentityMismatch, Owner, claim, owner_of, topic_replaced_message
+from skillstats.sinks.identity import (
+    IdentityMismatch,
+    Owner,
+    another_database_message,
+    claim,
+    database_mark,
+    other_databases,
+    owner_of,
+    topic_replaced_message,
+)
 from skillstats.sinks.upserts import now_utc_naive
 
 log = logging.getLogger(__name__)
+
+# How long partitions the metadata does not list, but the group has fences on or was assigned, are
+# asked about again before they are taken to be gone (a fence there is then ahead of its log): a
+# broker's metadata can trail a partition increase by a moment.
+STALE_METADATA_S = 2 * TOPIC_SETTLE_S
 
 
 class Positions:
@@ -44,6 +64,7 @@ class Positions:
         self.timeout = timeout
         self.topic_ids = TopicIds(settings, timeout)
         self.owner: Owner | None = None  # once claimed
+        self.mark = ""  # once claimed: the metadata of this group's Kafka commits, this database's mark
 
     def claim(self) -> Owner:
         """Claim the role for this group and topic (IdentityMismatch: another's; TopicMissing: no such topic).
@@ -57,7 +78,7 @@ class Positions:
         """The claim, and the topic's id as Kafka said it for it (the claim may run in two threads at once)."""
         topic = self.fences.topic
         # The metadata first: a missing topic, an unreachable or refusing broker, each said as such.
-        partition_count(self.settings, topic, self.timeout)
+        partitions = partition_count(self.settings, topic, self.timeout)
         topic_id = self.topic_ids.get(topic)
         wanted = Owner(self.role, self.fences.group_id, topic, topic_id)
         recorded = owner_of(self.fences.engine, self.role)
@@ -65,8 +86,32 @@ class Positions:
         if recorded is not None and recorded.group_id != wanted.group_id:
             recount = self._recount(recorded)
         owner = claim(self.fences.engine, wanted, now_utc_naive(), recount)
+        mark = database_mark(self.fences.engine, self.role)
+        self._check_group_database(partitions, mark)
+        self.mark = mark
         self._set_owner(owner)
         return owner, topic_id
+
+    def _check_group_database(self, partitions: int, mark: str) -> None:
+        """IdentityMismatch when the group's Kafka commits say another database counts it.
+
+        The SQL claim cannot see a second deployment with a database of its own and
+        the same group name: Kafka would split the partitions between the two, and
+        each database miss what the other reads. Every commit of ours carries this
+        database's mark (`commit_metadata`); a worker that finds another mark on any
+        partition refuses before it reads. A newcomer is refused at its first
+        assignment; two that start at once both refuse at their next check, once
+        each has committed. Commits without a mark (older versions, an admin tool)
+        say nothing.
+        """
+        committed = commit_metadata(self.settings, self.fences.group_id, self.fences.topic, partitions, self.timeout)
+        theirs = other_databases(mark, committed)
+        if theirs:
+            raise IdentityMismatch(
+                another_database_message(
+                    self.fences.group_id, self.fences.topic, mark, theirs, self.settings.kafka_bootstrap
+                )
+            )
 
     def _set_owner(self, owner: Owner) -> None:
         self.owner = owner
@@ -91,13 +136,13 @@ class Positions:
         """
         wanted = set(partitions)
         owner, topic_id = self._claim()
-        logs = {p: bounds for p, bounds in watermarks(self.settings, self.fences.topic, self.timeout).items()}
+        logs = self.log_bounds(wanted)
         if owner.topic_id is None and topic_id is not None:
             # The id is about to be recorded as the one the counts belong to: every fence of the
             # group must fit this log first, not only those of the partitions assigned here.
-            check_within_log(
-                self.fences.group_id, self.fences.topic, self.fences.fences(), {p: end for p, (_s, end) in logs.items()}
-            )
+            fences = self.fences.fences()
+            logs = self.log_bounds((p for p, fence in fences.items() if fence > 0), logs)
+            check_within_log(self.fences.group_id, self.fences.topic, fences, {p: end for p, (_s, end) in logs.items()})
         found = Owner(owner.role, owner.group_id, owner.topic, topic_id)
         starts = self.fences.begin_reading(
             {p: logs[p] for p in sorted(wanted & set(logs))}, now_utc_naive(), found if owner.topic_id is None else None
@@ -106,6 +151,37 @@ class Positions:
             self._set_owner(found)  # recorded with the fences that fit it
         self._report(starts)
         return starts
+
+    def log_bounds(
+        self, needed: Iterable[int], logs: Mapping[int, tuple[int, int]] | None = None
+    ) -> dict[int, tuple[int, int]]:
+        """(log start, log end) of every partition of the topic (`logs`, when already asked), asked again with
+        fresh metadata, for up to STALE_METADATA_S, while a partition in `needed` is not among them.
+
+        A partition missing from the metadata has no log end, so a fence on it looks
+        ahead of its log (FenceAheadOfLog: exit 2, an operator's decision) and an
+        assignment of it is dropped. Metadata that trails a partition increase must
+        not do either: only partitions still missing after the wait are taken to be
+        gone. What it costs: nothing while the metadata lists them; otherwise a
+        metadata and watermark request every half second, for a few seconds at most.
+        """
+        wanted = set(needed)
+        bounds = dict(logs) if logs is not None else watermarks(self.settings, self.fences.topic, self.timeout)
+        deadline = time.monotonic() + min(self.timeout, STALE_METADATA_S)
+        said = False
+        while wanted - set(bounds) and time.monotonic() < deadline:
+            if not said:
+                log.warning(
+                    "%s: the metadata lists no partition(s) %s, which group %s has fences on or was assigned; asking "
+                    "again",
+                    self.fences.topic,
+                    sorted(wanted - set(bounds)),
+                    self.fences.group_id,
+                )
+                said = True
+            time.sleep(0.5)
+            bounds = watermarks(self.settings, self.fences.topic, self.timeout)
+        return bounds
 
     def _report(self, starts: Mapping[int, ReadStart]) -> None:
         group, topic = self.fences.group_id, self.fences.topic

@@ -6,7 +6,9 @@ record) beside SQL's (the fences, any fence past its log end, offsets lost to
 retention). Then whose counts the database holds (the group and the topic, by
 its Kafka id, of each role) and anything that makes the consumers refuse to
 run, what in the topic's configuration loses events, how fresh the windows
-tables are, the DLQ's size and what was parked last, and the last docsync runs.
+tables are, the DLQ's size and what was parked last, the last docsync runs, and
+the partitions the last finished drain held back because the database refused
+their deltas (read back from that run's error, sinks/docstats.py).
 Partitions are listed only where something is owed (lag or a fence ahead);
 `--json` has every partition.
 """
@@ -17,15 +19,31 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Engine, func, select
 
 from skillstats.config import Settings, redact_url
 from skillstats.dlq_admin import newest_parked
-from skillstats.kafka import CLEANUP_POLICY, TIMESTAMP_TYPE, TopicIds, topic_config_problems, topic_configs
+from skillstats.kafka import (
+    CLEANUP_POLICY,
+    TIMESTAMP_TYPE,
+    TopicIds,
+    commit_metadata,
+    topic_config_problems,
+    topic_configs,
+)
 from skillstats.lag import groups_of, measure_lag
 from skillstats.sinks.db import open_engine
+from skillstats.sinks.docstats import held_from_error
 from skillstats.sinks.fences import PartitionFences
-from skillstats.sinks.identity import IdentityMismatch, Owner, mismatch, owners
+from skillstats.sinks.identity import (
+    IdentityMismatch,
+    Owner,
+    another_database_message,
+    mismatch,
+    other_databases,
+    owners,
+    recorded_mark,
+)
 from skillstats.sinks.migrate import require_current
 from skillstats.sinks.schema import docsync_runs, skill_hourly_stats
 
@@ -57,6 +75,27 @@ def windows_freshness(engine: Any) -> dict[str, str | None]:
     return {"newest_hour": _iso(newest), "last_written": _iso(updated)}
 
 
+def held_back(group: str, runs: list[dict[str, Any]], fences: dict[int, int]) -> list[dict[str, Any]]:
+    """The partitions the newest finished docsync run held back (`runs` newest first) whose fence is still
+    where it held them: a drain since that applied one has moved its fence."""
+    finished = next((run for run in runs if run["finished_at"] is not None), None)
+    if finished is None:
+        return []
+    return [
+        {
+            "group": group,
+            "partition": held.partition,
+            "offset": held.offset,
+            "read_to": held.read_to,
+            "error": held.error,
+            "run_id": finished["id"],
+            "since": finished["finished_at"],
+        }
+        for held in held_from_error(finished["last_error"])
+        if fences.get(held.partition) == held.offset
+    ]
+
+
 def identity_problem(recorded: Owner | None, group: str, role: str, topic: str, topic_id: str) -> str | None:
     """Why `group` would be refused its role's tables now (None: it would not), in the consumers' own words."""
     try:
@@ -64,6 +103,18 @@ def identity_problem(recorded: Owner | None, group: str, role: str, topic: str, 
     except IdentityMismatch as exc:
         return str(exc)
     return None
+
+
+def database_problem(settings: Settings, engine: Engine, owner: Owner | None, group: str) -> str | None:
+    """Why `group` would be refused because its Kafka commits carry another database's mark (None: they do
+    not), as the consumers say it (skillstats/positions.py)."""
+    mark = recorded_mark(engine, owner.role) if owner is not None and owner.group_id == group else None
+    if mark is None:
+        return None
+    theirs = other_databases(mark, commit_metadata(settings, group, settings.topic))
+    if not theirs:
+        return None
+    return another_database_message(group, settings.topic, mark, theirs, settings.kafka_bootstrap)
 
 
 def status(settings: Settings, dlq_rows: int = 5) -> dict[str, Any]:
@@ -77,6 +128,7 @@ def status(settings: Settings, dlq_rows: int = 5) -> dict[str, Any]:
             group: PartitionFences(engine, group, settings.topic).offsets_lost() for group, _role in groups_of(settings)
         }
         recorded = owners(engine)
+        runs = recent_runs(engine, settings.docsync_group)
         snapshot = measure_lag(settings, applied=applied)
         topic_id = TopicIds(settings).get(settings.topic)
         configs = topic_configs(settings, settings.topic, (CLEANUP_POLICY, TIMESTAMP_TYPE))
@@ -112,7 +164,8 @@ def status(settings: Settings, dlq_rows: int = 5) -> dict[str, Any]:
                     "owner": None
                     if owner is None
                     else {"group": owner.group_id, "topic": owner.topic, "topic_id": owner.topic_id},
-                    "refused": identity_problem(owner, group.group, group.role, settings.topic, topic_id),
+                    "refused": identity_problem(owner, group.group, group.role, settings.topic, topic_id)
+                    or database_problem(settings, engine, owner, group.group),
                     "partitions": partitions,
                 }
             )
@@ -139,7 +192,8 @@ def status(settings: Settings, dlq_rows: int = 5) -> dict[str, Any]:
             "groups": groups,
             "windows_tables": windows_freshness(engine),
             "dlq": dlq,
-            "docsync_runs": recent_runs(engine, settings.docsync_group),
+            "docsync_runs": runs,
+            "docsync_held_back": held_back(settings.docsync_group, runs, applied[settings.docsync_group]),
         }
     finally:
         engine.dispose()
@@ -209,6 +263,12 @@ def render(report: dict[str, Any], as_json: bool, partition_lines: int = 12) -> 
             lines.append(
                 f"  LOST TO RETENTION: {group['group']}: {total:,} offset(s) deleted before they were applied ({where})"
             )
+    for held in report.get("docsync_held_back") or []:
+        lines.append(
+            f"  HELD BACK: {held['group']} p{held['partition']} at offset {held['offset']:,} (read to "
+            f"{held['read_to']:,}; run #{held['run_id']}, {held['since']}): the database refused its deltas; every "
+            f"other partition moves, this one waits: {held['error']}"
+        )
     tables = report["windows_tables"]
     lines += [
         "",
@@ -230,7 +290,7 @@ def render(report: dict[str, Any], as_json: bool, partition_lines: int = 12) -> 
         lines.append(
             f"  #{run['id']:<5} started {run['started_at']}  {run['stopped_reason'] or 'running/killed':<14} "
             f"events {run['events_read'] or 0:,}, skills {run['skills_updated'] or 0:,}"
-            + (f", error: {run['last_error']}" if run["last_error"] else "")
+            + (f", error: {run['last_error'].splitlines()[0]}" if run["last_error"] else "")
         )
     if not report["docsync_runs"]:
         lines.append("  none yet")

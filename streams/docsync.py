@@ -10,7 +10,12 @@ offsets, read every assigned partition from its SQL fence (skillstats/positions.
 never from Kafka's committed offset) up to that snapshot (or until a budget runs
 out), fold per skill, check the topic's id again, then apply each partition's
 deltas once, in chunked transactions that also move the fences, and commit the
-same offsets to Kafka after each SQL commit (a hint for lag tools). Nothing is
+same offsets to Kafka after each SQL commit (a hint for lag tools). A partition
+the database refuses for good (a registry constraint rejecting a skill's delta)
+is held back at its fence while every other partition is applied
+(sinks/docstats.py); the run then ends in error (exit status 1), naming the
+partition, its offset and the database's error, and the next run tries it
+again. Nothing is
 written before the reading is done: a drain killed while reading leaves no trace
 but its run row. Record headers are never read: a verdict on a record, and
 whether it counts, depend on its key, value and timestamp only.
@@ -49,12 +54,12 @@ from sqlalchemy import insert, update
 
 from skillstats.config import Settings, redact_url
 from skillstats.contract import decode_many
-from skillstats.kafka import KafkaUnreachable, TopicMissing, watermarks
-from skillstats.metrics import Probes, drain_finished, serve
+from skillstats.kafka import KafkaUnreachable, TopicMissing
+from skillstats.metrics import Probes, docsync_held, drain_finished, serve
 from skillstats.positions import Positions
 from skillstats.retry import Backoff
 from skillstats.shutdown import DEFAULT_BUDGET_S, ShutdownWatchdog
-from skillstats.sinks.docstats import DocStatsSink, PartitionDeltas
+from skillstats.sinks.docstats import DocStatsSink, HeldPartition, PartitionDeltas, held_error
 from skillstats.sinks.fences import FenceAheadOfLog, check_within_log
 from skillstats.sinks.identity import DOCSYNC, IdentityMismatch
 from skillstats.sinks.recovery import describe, is_data_error
@@ -87,6 +92,8 @@ class DrainSummary:
     lost_partitions: list[int] = field(default_factory=list)
     applied_kinds: dict[str, int] = field(default_factory=dict)  # valid events of the partitions applied, by kind
     invalid_reasons: dict[str, int] = field(default_factory=dict)  # of the partitions applied
+    # Partitions whose deltas the database refused: not applied, fences unmoved; the run ends in error.
+    held_back: list[HeldPartition] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -112,10 +119,16 @@ class DrainSummary:
             )
         if self.lost_partitions:
             lines.append(f"  left to another drain {sorted(self.lost_partitions)}")
+        for held in sorted(self.held_back, key=lambda h: h.partition):
+            lines.append(
+                f"  HELD BACK             partition {held.partition} at offset {held.offset} (read to "
+                f"{held.read_to}), refused by the database: {held.error}"
+            )
         if self.records_lost_to_retention:
             lines.append(f"  LOST to retention     {self.records_lost_to_retention} (deleted before they were applied)")
         if self.error:
-            lines.append(f"  error                 {self.error}")
+            # The held partitions' own lines are above; the error's first line says the rest.
+            lines.append(f"  error                 {self.error.splitlines()[0] if self.held_back else self.error}")
         return "\n".join(lines)
 
     def to_json(self) -> str:
@@ -185,6 +198,12 @@ class DocSync:
             log.exception("docsync drain failed")
             summary.stopped_reason = ERROR
             summary.error = f"{type(exc).__name__}: {exc}"[:2000]
+        if summary.held_back:
+            # Everything else that could be applied was: the run still fails, so that a CronJob, the
+            # run row and the stale-drain alert say that some partition does not move.
+            summary.stopped_reason = ERROR
+            held = held_error(summary.held_back)
+            summary.error = held if summary.error is None else f"{summary.error}\n{held}"
         summary.duration_seconds = time.monotonic() - started
         self._close_run(summary)
         return summary
@@ -202,9 +221,15 @@ class DocSync:
         after it only if the log is not the one the database counted. (Read the
         other way round, another drain applying in between could raise a false
         alarm.)
+
+        A fenced partition the metadata does not list (a broker's metadata trailing a
+        partition increase) is asked about again before its fence is called ahead of
+        the log (Positions.log_bounds): that refusal needs an operator, stale metadata
+        only a moment.
         """
         fences = self.sink.fences()
-        ends = {p: high for p, (_low, high) in watermarks(self.settings, self.settings.topic).items()}
+        logs = self.positions.log_bounds(p for p, fence in fences.items() if fence > 0)
+        ends = {p: high for p, (_low, high) in logs.items()}
         check_within_log(self.settings.docsync_group, self.settings.topic, fences, ends)
         return ends
 
@@ -374,11 +399,20 @@ class DocSync:
     # ------------------------------------------------------------------ applying
 
     def _apply(self, consumer: Consumer, parts: dict[int, PartitionDeltas], summary: DrainSummary) -> None:
+        """Apply the read partitions, a chunk per transaction, their Kafka commits after each SQL commit.
+
+        A database error is retried with backoff and a halved chunk, `max_attempts`
+        per run. A data error (the database refusing the deltas themselves: no retry
+        cures it) is not: the chunk is applied again at once, partition by partition
+        (sinks/docstats.py, one_by_one), so that a partition refused for good is held
+        back alone and every other one moves.
+        """
         try:
             todo = sorted((p for p in parts.values() if p.next_offset > p.start), key=lambda p: p.partition)
             summary.invalid_skipped = sum(p.invalid for p in parts.values())
             chunk = max(1, self.budget.chunk_partitions)
             attempt = 0
+            one_by_one = False  # the next attempt applies its chunk partition by partition
             while todo:
                 if self.stop.is_set():
                     # SIGTERM: what was applied is committed; the rest is read again next drain.
@@ -387,8 +421,18 @@ class DocSync:
                     break
                 batch = todo[:chunk]
                 try:
-                    outcome = self.sink.apply_partitions(batch)
+                    outcome = self.sink.apply_partitions(batch, one_by_one=one_by_one)
                 except Exception as exc:
+                    if is_data_error(exc) and not one_by_one:
+                        # Nothing of the chunk was applied (one transaction). Applied one by one, the
+                        # partitions the database takes move and the one it refuses is held back.
+                        log.warning(
+                            "the database refused the deltas of partitions %s (%s): applying them one by one",
+                            [p.partition for p in batch],
+                            describe(exc),
+                        )
+                        one_by_one = True
+                        continue
                     attempt += 1
                     if attempt >= self.budget.max_attempts:
                         raise
@@ -402,17 +446,29 @@ class DocSync:
                         chunk,
                         describe(exc),
                     )
-                    if is_data_error(exc):
-                        log.warning("the database refused the data itself; retrying anyway, bounded")
                     self.budget.backoff.sleep(attempt - 1, self.stop)  # SIGTERM ends the wait (and the loop)
                     continue
+                one_by_one = False
                 todo = todo[len(batch) :]
                 summary.skills_updated += outcome.skills_updated
                 summary.owners_updated += outcome.owners_updated
                 summary.unknown_skill_events += outcome.unknown_skill_events
                 summary.partitions_applied += outcome.partitions
                 summary.lost_partitions += outcome.lost_to_another_writer
-                applied = [p for p in batch if p.partition not in outcome.lost_to_another_writer]
+                summary.held_back += outcome.held
+                for held in outcome.held:
+                    log.error(
+                        "%s partition %d: the database refused its deltas, so it is held back at offset %d (read "
+                        "to %d; nothing of it applied) while the other partitions are applied; the next drain "
+                        "tries it again. Fix the row or the constraint: %s",
+                        self.settings.topic,
+                        held.partition,
+                        held.offset,
+                        held.read_to,
+                        held.error,
+                    )
+                not_applied = set(outcome.lost_to_another_writer) | {h.partition for h in outcome.held}
+                applied = [p for p in batch if p.partition not in not_applied]
                 for part in applied:  # counted once: a partition not applied is read again next drain
                     for kind, count in part.kinds.items():
                         summary.applied_kinds[kind] = summary.applied_kinds.get(kind, 0) + count
@@ -426,7 +482,9 @@ class DocSync:
         """Kafka's committed offsets follow the fences (for lag and pruning); SQL stays the truth."""
         if not applied:
             return
-        offsets = [TopicPartition(self.settings.topic, p.partition, p.next_offset) for p in applied]
+        # Each with this database's mark: which database counts the group (skillstats/positions.py).
+        mark = self.positions.mark
+        offsets = [TopicPartition(self.settings.topic, p.partition, p.next_offset, metadata=mark) for p in applied]
         try:
             consumer.commit(offsets=offsets, asynchronous=False)
         except Exception as exc:
@@ -555,6 +613,9 @@ def run(
             summary.unknown_skill_events,
             {skills.name: summary.skills_updated, user_skill_stats.name: summary.owners_updated},
         )
+        if summary.held_back or summary.ok:
+            # Replaced by each drain that got to apply (a drain failing before that knows nothing new).
+            docsync_held(settings.docsync_group, {h.partition: h.offset for h in summary.held_back})
         emit(summary)
         if summary.refused:
             return 2

@@ -320,13 +320,14 @@ async def _fetch_in_thread(
     return records, assignment, next(steps), lost, positions
 
 
-async def _commit_in_thread(consumer: Any, offsets: Mapping[TP, int]) -> bool:
-    """In aiokafka's thread: commit the partitions assigned right now; any refusal is logged, never raised."""
+async def _commit_in_thread(consumer: Any, offsets: Mapping[TP, int], metadata: str) -> bool:
+    """In aiokafka's thread: commit the partitions assigned right now, each with `metadata` (this database's
+    mark: skillstats/positions.py); any refusal is logged, never raised."""
     from aiokafka.structs import OffsetAndMetadata
 
     assigned = consumer.assignment()
     wanted = {
-        aiokafka_driver.ensure_aiokafka_TP(tp): OffsetAndMetadata(offset, "")
+        aiokafka_driver.ensure_aiokafka_TP(tp): OffsetAndMetadata(offset, metadata)
         for tp, offset in offsets.items()
         if aiokafka_driver.ensure_aiokafka_TP(tp) in assigned
     }
@@ -382,9 +383,11 @@ class FencedConsumer(aiokafka_driver.Consumer):
         sink: BatchSink | None = getattr(self.app, "batch_sink", None)
         fences = sink.fences if sink is not None else {}
         clamped = {tp: min(o, fences[tp.partition]) for tp, o in offsets.items() if tp.partition in fences}
-        if not clamped:
+        reads: PartitionReads | None = getattr(self.app, "reads", None)
+        if not clamped or reads is None or not reads.positions.mark:
             return False
-        return bool(await self._thread.call_thread(_commit_in_thread, self._thread._ensure_consumer(), clamped))
+        consumer, mark = self._thread._ensure_consumer(), reads.positions.mark
+        return bool(await self._thread.call_thread(_commit_in_thread, consumer, clamped, mark))
 
     async def commit_fences(self, fences: dict[int, int]) -> bool:
         topic = self.app.reads.topic  # type: ignore[attr-defined]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from skillstats.kafka import RawRecord
 from skillstats.publisher import Publisher
 from skillstats.workload import Record
 from tests.conftest import settings_env
-from tests.helpers import WorkerProcess, actual_windows, caught_up, publish, read_topic, wait_until
+from tests.helpers import WorkerProcess, actual_windows, caught_up, publish, read_records, read_topic, wait_until
 
 
 def cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
@@ -62,6 +63,8 @@ def test_list_filter_replay_once_and_a_still_invalid_copy_never_loops(settings: 
         ("unknown_kind", settings.windows_group, None),
         ("malformed", settings.windows_group, None),
     }
+    # Parked with this database's claim mark: a renamed group recognises them (tests/test_dlq_lineage.py).
+    assert len({r["database"] for r in everything["records"]}) == 1 and everything["records"][0]["database"]
     malformed = listed(settings, "--reason", "malformed")["records"]
     assert len(malformed) == 1
     source = f"{malformed[0]['source_partition']}:{malformed[0]['source_offset']}"
@@ -270,3 +273,96 @@ def test_a_record_the_database_refused_is_added_to_the_windows_tables_once(setti
     again = cli(settings, "replay", "--reason", REJECTED_BY_DATABASE, "--again")
     assert again.returncode == 2 and "count twice" in again.stderr, again.stderr
     assert actual_windows(settings)[0] == daily
+
+
+def copy_sqlite(source: str, target: str) -> None:
+    """A backup taken, or restored, with SQLite's online backup: the whole database as it was at that moment."""
+    with sqlite3.connect(source) as src, sqlite3.connect(target) as dst:
+        src.backup(dst)
+
+
+def replay_rows(settings: Settings) -> list[tuple[int, int, int | None, int | None]]:
+    """(source partition, source offset, copy partition, copy offset) of each replay SQL knows, by number."""
+    from sqlalchemy import select
+
+    from skillstats.sinks.db import open_engine
+    from skillstats.sinks.schema import dlq_replays
+
+    engine = open_engine(settings.database_url)
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(
+                select(
+                    dlq_replays.c.source_partition,
+                    dlq_replays.c.source_offset,
+                    dlq_replays.c.copy_partition,
+                    dlq_replays.c.copy_offset,
+                ).order_by(dlq_replays.c.replay_number)
+            )
+            return [tuple(row) for row in rows]
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_database_restored_to_before_a_replay_does_not_get_the_record_a_second_copy(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The database goes back to a backup from before a replay: SQL no longer knows the copy, which is still in
+    the topic above the restored fences (the consumers count it again, once). A replay then finds it in the
+    replay ledger, records it in SQL, and publishes nothing: the record has one copy, and counts once."""
+    now = int(time.time() * 1000)
+    event = make_event("sk_restored", "download", now)
+    parcel = Parcel(RawRecord(5, 321, event.key, event.encode()), "unknown_kind", "an older contract", None, now)
+    park_by_hand(settings, [(parcel, [])])
+    database = settings.database_url.removeprefix("sqlite:///")
+    copy_sqlite(database, str(tmp_path / "backup.db"))
+
+    replayed = cli(settings, "replay", "--reason", "unknown_kind")
+    assert replayed.returncode == 0 and "replayed 1 record(s)" in replayed.stdout, replayed.stderr
+    copies = [r for r in read_records(settings, settings.topic) if H_REPLAYED_FROM in r.headers]
+    assert len(copies) == 1
+    assert replay_rows(settings) == [(5, 321, copies[0].partition, copies[0].offset)]
+
+    copy_sqlite(str(tmp_path / "backup.db"), database)  # the restore
+    assert replay_rows(settings) == []
+    for extra in ((), ("--again",)):
+        again = cli(settings, "replay", "--reason", "unknown_kind", *extra)
+        assert again.returncode == 2 and "count twice" in again.stderr, again.stdout + again.stderr
+    assert len(read_records(settings, settings.topic)) == 1  # no second copy
+    # SQL knows the replay again, and where its copy landed.
+    assert replay_rows(settings) == [(5, 321, copies[0].partition, copies[0].offset)]
+    worker = WorkerProcess(settings, tmp_path / "worker.log")
+    wait_until(caught_up(settings, settings.windows_group, worker), 120, "the worker to count the copy")
+    assert worker.terminate() == 0
+    daily, _hourly = actual_windows(settings)
+    assert sum(downloads for downloads, _installs in daily.values()) == 1
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_copy_parked_again_whose_position_sql_lost_is_known_by_the_ledger(settings: Settings, tmp_path: Path) -> None:
+    """A copy still invalid comes back parked; SQL does not know where the copy landed (the replay was cut off
+    before it recorded it, or the database restored to before the replay). The ledger says where: the parcel
+    is that copy parked again, so `--again` may send one more (none of them counted), and no new root is
+    made of the parked copy."""
+    now = int(time.time() * 1000)
+    parcel = Parcel(RawRecord(7, 70, b"sk_bad", b"{not json"), "malformed", "not JSON", None, now)
+    park_by_hand(settings, [(parcel, [])])
+    database = settings.database_url.removeprefix("sqlite:///")
+    copy_sqlite(database, str(tmp_path / "backup.db"))
+    first = cli(settings, "replay", "--reason", "malformed", "--force")
+    assert first.returncode == 0 and "replayed 1 record(s)" in first.stdout, first.stderr
+    (copy,) = [r for r in read_records(settings, settings.topic) if H_REPLAYED_FROM in r.headers]
+    # The worker parks the copy again (by hand here: as the worker would, naming the copy as its source).
+    came_back = Parcel(RawRecord(copy.partition, copy.offset, b"sk_bad", b"{not json"), "malformed", "again")
+    park_by_hand(settings, [(came_back, [(H_REPLAYED_FROM, copy.headers[H_REPLAYED_FROM])])])
+    copy_sqlite(str(tmp_path / "backup.db"), database)  # SQL forgets the replay and where its copy landed
+
+    dry = cli(settings, "replay", "--reason", "malformed", "--force", "--again", "--dry-run")
+    assert dry.returncode == 0 and "1 record(s) would be replayed" in dry.stdout, dry.stdout + dry.stderr
+    assert f"would replay {settings.topic}:7:70 " in dry.stdout, dry.stdout  # one root: the original record
+    again = cli(settings, "replay", "--reason", "malformed", "--force", "--again")
+    assert again.returncode == 0 and "replayed 1 record(s)" in again.stdout, again.stderr
+    copies = [r for r in read_records(settings, settings.topic) if H_REPLAYED_FROM in r.headers]
+    assert len(copies) == 2
+    assert replay_rows(settings) == [(7, 70, c.partition, c.offset) for c in copies]

@@ -158,12 +158,12 @@ def test_database_errors_are_retried_then_recorded(
     real = DocStatsSink.apply_partitions
     failures = {"left": 3, "sizes": []}
 
-    def flaky(self: DocStatsSink, drained: list) -> object:  # failure injection around the real sink
+    def flaky(self: DocStatsSink, drained: list, **options: Any) -> object:  # failure injection around the real sink
         failures["sizes"].append(len(drained))
         if failures["left"]:
             failures["left"] -= 1
             raise OperationalError("UPDATE skills", {}, Exception("connection reset"))
-        return real(self, drained)
+        return real(self, drained, **options)
 
     monkeypatch.setattr(DocStatsSink, "apply_partitions", flaky)
     summary = DocSync(settings, DrainBudget(chunk_partitions=8, backoff=Backoff(base=0.01))).drain()

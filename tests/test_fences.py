@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from skillstats.config import Settings
+from skillstats.config import Settings, SettingsError
+from skillstats.sinks.db import open_engine
+from skillstats.sinks.identity import DOCSYNC, WINDOWS, IdentityMismatch, Owner, claim, owner_of, take_over
+from skillstats.sinks.migrate import upgrade
+from skillstats.sinks.upserts import now_utc_naive
 from skillstats.workload import generate
 from tests.helpers import (
     WorkerProcess,
@@ -87,3 +92,99 @@ def test_a_reset_says_what_it_counts_again_and_waits_for_the_group_to_stop(setti
     assert worker.terminate() == 0
     helped = " ".join(cli(settings, "fences", "reset", "--help").stdout.split())
     assert "Not the tool for a database restored from a backup of its own" in helped
+
+
+def _reset(settings: Settings, *args: str, group: str | None = None) -> subprocess.CompletedProcess[str]:
+    return cli(settings, "fences", "reset", "--group", group or settings.windows_group, *args)
+
+
+def _owner(settings: Settings) -> Owner | None:
+    return owner_of(open_engine(settings.database_url), WINDOWS)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_partial_reset_on_a_replaced_topic_is_refused_and_every_partition_is_listed(settings: Settings) -> None:
+    """Issue 27.1: a reset that records a new topic id leaves no fence of the old topic behind."""
+    assert publish(settings, list(generate(600, now_ms=int(time.time() * 1000), skills=30, seed=3))) == 600
+    assert _reset(settings, "--to", "end", "--confirm", "RESET_FENCES").returncode == 0  # the old topic counted
+    old_id = _owner(settings).topic_id  # type: ignore[union-attr]
+    assert sum(fences(settings, settings.windows_group).values()) == 600
+    recreate_topic(settings, 12)
+    assert publish(settings, list(generate(120, now_ms=int(time.time() * 1000), skills=30, seed=4))) == 120
+
+    for confirm in ((), ("--confirm", "RESET_FENCES")):
+        partial = _reset(settings, "--to", "start", "--partition", "0", "--partition", "5", *confirm)
+        assert partial.returncode == 2, partial.stdout + partial.stderr
+        assert "Reset every partition" in partial.stderr, partial.stderr
+        listed = [line for line in partial.stdout.splitlines() if line.strip().startswith("partition ")]
+        assert len(listed) == 12, partial.stdout  # the dry run shows where every partition would read
+        assert sum("unchanged (not chosen)" in line for line in listed) == 10, partial.stdout
+    assert sum(fences(settings, settings.windows_group).values()) == 600  # nothing changed
+    assert _owner(settings).topic_id == old_id  # type: ignore[union-attr]
+
+    whole = _reset(settings, "--to", "start", "--confirm", "RESET_FENCES")
+    assert whole.returncode == 0, whole.stderr
+    assert _owner(settings).topic_id != old_id  # type: ignore[union-attr]
+    assert sum(fences(settings, settings.windows_group).values()) == 0  # every partition from the new log's start
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_partial_reset_that_records_the_first_id_refuses_other_fences_past_the_log(settings: Settings) -> None:
+    """Issue 27.1, the first id: fences left alone must fit the log the id is recorded for."""
+    assert publish(settings, list(generate(900, now_ms=int(time.time() * 1000), skills=30, seed=5))) == 900
+    assert _reset(settings, "--to", "end", "--confirm", "RESET_FENCES").returncode == 0
+    forget_topic_ids(settings)
+    recreate_topic(settings, 12)  # a shorter log: most fences are past its end now
+    assert publish(settings, list(generate(60, now_ms=int(time.time() * 1000), skills=30, seed=6))) == 60
+    before = fences(settings, settings.windows_group)
+    partial = _reset(settings, "--to", "start", "--partition", "1", "--confirm", "RESET_FENCES")
+    assert partial.returncode == 2 and "past their log end" in partial.stderr, partial.stdout + partial.stderr
+    assert fences(settings, settings.windows_group) == before
+    assert _owner(settings).topic_id is None  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("how", ["new name", "typo with --role"])
+def test_a_reset_of_a_group_that_does_not_own_the_tables_is_refused(settings: Settings, how: str) -> None:
+    """Issue 27.2: the tables hold the owner's counts; another name would count them all again."""
+    assert publish(settings, list(generate(300, now_ms=int(time.time() * 1000), skills=30, seed=8))) == 300
+    assert _reset(settings, "--to", "end", "--confirm", "RESET_FENCES").returncode == 0
+    other = f"{settings.windows_group}-v2" if how == "new name" else settings.windows_group[:-1]
+    role = ("--role", "windows")
+    for confirm in ((), ("--confirm", "RESET_FENCES")):
+        refused = _reset(settings, "--to", "start", *role, *confirm, group=other)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "nothing is counted twice" not in refused.stdout
+        assert "fences takeover --from " + settings.windows_group in refused.stderr, refused.stderr
+    assert _owner(settings).group_id == settings.windows_group  # type: ignore[union-attr]
+    assert fences(settings, other) == {}
+
+
+def test_one_group_for_both_roles_is_refused_by_the_settings_and_by_the_claim(tmp_path: Path) -> None:
+    """Issue 27.4: the settings refuse it, and a database whose other role has the group refuses the claim."""
+    with pytest.raises(SettingsError, match="SKILLSTATS_DOCSYNC_GROUP"):
+        Settings(windows_group="same", docsync_group="same")
+    with pytest.raises(SettingsError):
+        Settings.from_env({"SKILLSTATS_WINDOWS_GROUP": "g", "SKILLSTATS_DOCSYNC_GROUP": "g"})
+    engine = open_engine(f"sqlite:///{tmp_path}/roles.db")
+    upgrade(engine)
+    now = now_utc_naive()
+    claim(engine, Owner(DOCSYNC, "shared", "events", None), now)
+    with pytest.raises(IdentityMismatch) as refused:
+        claim(engine, Owner(WINDOWS, "shared", "events", None), now)
+    assert "SKILLSTATS_WINDOWS_GROUP (--group) must differ" in str(refused.value)
+    assert "takeover" not in str(refused.value)  # no way out offered that would be refused in turn
+    assert owner_of(engine, WINDOWS) is None
+    claim(engine, Owner(WINDOWS, "mine", "events", None), now)
+    with pytest.raises(IdentityMismatch, match="cannot also write"):
+        take_over(engine, WINDOWS, "mine", "shared", now)
+    assert owner_of(engine, WINDOWS) == Owner(WINDOWS, "mine", "events", None)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_reset_or_takeover_onto_the_other_roles_group_names_the_clash(settings: Settings) -> None:
+    """Issue 27.4, the operator's tools: the refusal names the clash, not a takeover."""
+    assert _reset(settings, "--to", "end", "--confirm", "RESET_FENCES", group=settings.docsync_group).returncode == 0
+    clash = _reset(settings, "--to", "end", "--role", "windows", group=settings.docsync_group)
+    assert clash.returncode == 2 and "cannot also write" in clash.stderr, clash.stdout + clash.stderr
+    assert _owner(settings) is None

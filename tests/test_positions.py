@@ -407,3 +407,33 @@ def test_docsync_every_waits_for_kafka_and_the_database_then_drains(
             code = drain.wait(60)
     assert code == 0, log_path.read_text()[-3000:]
     docstats_exact(settings, a, registry_rows)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_second_database_under_the_same_group_is_refused(
+    settings: Settings, registry_rows: dict[str, str | None], tmp_path: Path
+) -> None:
+    """Issue 27.3: a deployment with a database of its own and the default group name must not take half the
+    partitions; the group's Kafka commits say which database counts it."""
+    a, b = events(3000, 41), events(2000, 42)
+    publish(settings, a)
+    worker = WorkerProcess(settings, tmp_path / "worker.log")
+    wait_until(caught_up(settings, settings.windows_group, worker), 120, "slice a applied")
+    drain(settings)
+    other = settings.override(database_url=f"sqlite:///{tmp_path}/second.db")
+    assert cli(other, "init", "--skip-topics").returncode == 0
+    intruder = WorkerProcess(other, tmp_path / "intruder.log")
+    assert intruder.process.wait(120) == 2, intruder.log_tail()
+    log = intruder.log_path.read_text()
+    assert "is counted by another database" in log and "--delete --group" in log, log[-3000:]
+    docsync_code, summaries = run_docsync(other)
+    assert docsync_code == 2 and "another database" in str(summaries[-1]["error"]), summaries
+    assert actual_windows(other) == ({}, {})  # the second database counted nothing
+    status = cli(other, "status")
+    assert status.returncode == 1 and "counted by another database" in status.stdout, status.stdout + status.stderr
+    publish(settings, b)
+    wait_until(caught_up(settings, settings.windows_group, worker), 120, "slice b applied by the first worker")
+    assert worker.terminate() == 0
+    windows_exact(settings, a + b)
+    drain(settings)
+    docstats_exact(settings, a + b, registry_rows)

@@ -189,8 +189,35 @@ def test_publish_before_init_names_the_missing_topic(kafka_bootstrap: str) -> No
     settings = Settings(kafka_bootstrap=kafka_bootstrap, topic=f"never-created-{uuid.uuid4().hex[:8]}")
     result = cli(settings, "publish", "--skill-id", "sk_1", "--kind", "download")
     assert result.returncode == 2  # a setting to fix
-    assert f"topic {settings.topic!r} does not exist on {kafka_bootstrap}; run 'skillstats init'" in result.stderr
+    assert f"topic {settings.topic!r} does not exist on {kafka_bootstrap}: check SKILLSTATS_TOPIC" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_misspelt_topic_is_never_created_by_init_and_publish_names_the_counted_one(settings: Settings) -> None:
+    """Issue 27.5: the hint to run `init` must not lead publishers to a topic no consumer reads."""
+    from skillstats.kafka import list_topic_names
+    from skillstats.sinks.db import open_engine
+    from skillstats.sinks.identity import WINDOWS, Owner, claim
+    from skillstats.sinks.upserts import now_utc_naive
+
+    claim(
+        open_engine(settings.database_url),
+        Owner(WINDOWS, settings.windows_group, settings.topic, None),
+        now_utc_naive(),
+    )
+    typo = settings.override(topic=settings.topic + "x")
+    sent = cli(typo, "publish", "--skill-id", "sk_1", "--kind", "download")
+    assert sent.returncode == 2, sent.stderr
+    assert f"counts topic {settings.topic!r} (windows), not {typo.topic!r}" in sent.stderr, sent.stderr
+    refused = cli(typo, "init")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"counts topic {settings.topic!r}" in refused.stderr and "--new-topic" in refused.stderr
+    assert typo.topic not in list_topic_names(settings)
+    assert cli(settings, "init").returncode == 0  # the counted topic itself: exists, fine
+    made = cli(typo, "init", "--new-topic")
+    assert made.returncode == 0, made.stderr
+    assert typo.topic in list_topic_names(settings)
 
 
 def test_jsonl_line_with_a_member_twice_is_refused(settings: Settings, tmp_path: Path) -> None:

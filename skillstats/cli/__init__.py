@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from skillstats import __version__
-from skillstats.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, settings
+from skillstats.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, settings, topic_hint
 
 # name -> (module under skillstats.cli, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -105,8 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(_module(args.command).run(args, configured))  # type: ignore[attr-defined]
     except (UsageError, PortUnavailable, TopicMissing, IdentityMismatch, FenceAheadOfLog) as exc:
-        # A setting to fix or an operator's decision to make: the message says which.
-        parser.exit(EXIT_USAGE, mask(f"skillstats {args.command}: {exc}\n", secrets))
+        # A setting to fix or an operator's decision to make: the message says which. A missing topic also
+        # says which topic the database counts: the likely typo, and never a hint to create the misspelt one.
+        hint = topic_hint(configured, exc.topic) if isinstance(exc, TopicMissing) else ""
+        parser.exit(EXIT_USAGE, mask(f"skillstats {args.command}: {exc}{hint}\n", secrets))
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 from datetime import datetime
+from pathlib import Path
 
-from skillstats.config import Settings
+from skillstats.config import Settings, redact_url
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -115,3 +116,33 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
+
+
+def counted_topics(settings: Settings) -> dict[str, list[str]]:
+    """The topics this database's consumers count (sinks/identity.py), for a hint about a missing or misspelt
+    topic; empty when the database cannot be read (a SQLite file that is not there is not created)."""
+    from sqlalchemy.engine import make_url
+
+    from skillstats.sinks.db import open_engine
+    from skillstats.sinks.identity import counted_topics as recorded
+
+    try:
+        url = make_url(settings.database_url)
+        if url.get_backend_name() == "sqlite" and not (url.database and Path(url.database).is_file()):
+            return {}
+        engine = open_engine(settings.database_url)
+        try:
+            return recorded(engine)
+        finally:
+            engine.dispose()
+    except Exception:  # only a hint: the command's own error stands
+        return {}
+
+
+def topic_hint(settings: Settings, wanted: str) -> str:
+    """What the database says about `wanted` when it is not a topic it counts ('' when it says nothing)."""
+    topics = counted_topics(settings)
+    if not topics or wanted in topics:
+        return ""
+    named = "; ".join(f"{topic!r} ({', '.join(roles)})" for topic, roles in sorted(topics.items()))
+    return f" The database {redact_url(settings.database_url)} counts topic {named}, not {wanted!r}."

@@ -28,7 +28,10 @@ REPLAY_HELP = (
     "SQL with where it landed. Left out, with the reason: a record today's contract still refuses (it would be "
     "parked again; --force publishes it anyway), one replayed before (--again, only when every earlier copy was "
     "parked again), one parked truncated. A record the windows group's database refused is valid and docsync "
-    "counted it: it is added to the windows tables directly instead of published. Filters combine."
+    "counted it: it is added to the windows tables directly instead of published. Copies are published in a Kafka "
+    "transaction with an entry in the replay ledger (<DLQ topic>.replays, created if missing): read first, it "
+    "brings back what a database restored from an older backup forgot, so no record gets a second copy. Filters "
+    "combine."
 )
 
 
@@ -72,14 +75,19 @@ def _source_offsets(text: str | None) -> list[tuple[int, int]]:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from skillstats.dlq_admin import (
+        CopyPublisher,
         ReplayRefused,
         Selection,
         counts_by_reason,
+        ledger_topic,
         plan_replay,
+        read_ledger,
         read_parked,
+        record_ledger,
         replay,
         replay_book,
     )
+    from skillstats.kafka import TopicIds
     from skillstats.lag import LagProbe
     from skillstats.sinks.db import open_engine
     from skillstats.sinks.migrate import require_current
@@ -121,11 +129,25 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         print("by reason: " + (", ".join(f"{k} {v:,}" for k, v in counts_by_reason(chosen).items()) or "none"))
         return EXIT_OK
     engine = open_engine(settings.database_url)
+    publisher = None
     try:
         require_current(engine)
-        plan = plan_replay(
-            settings, parked, chosen, replay_book(engine, settings.topic), again=args.again, force=args.force
-        )
+        topic_id = TopicIds(settings).get(settings.topic)
+        if not args.dry_run:
+            # Before the ledger is read: fences an earlier replay still alive, which could commit behind it.
+            publisher = CopyPublisher(settings)
+        ledger = read_ledger(settings)
+        if publisher is not None:
+            added = record_ledger(engine, settings, ledger, topic_id)
+            if added:
+                print(
+                    f"the replay ledger {ledger_topic(settings)} knew {added} replay(s) or copy position(s) "
+                    f"skillstats_dlq_replays did not (a database restored from an older backup, or a replay cut "
+                    f"off before it recorded where its copies landed): recorded in SQL",
+                    file=sys.stderr,
+                )
+        book = replay_book(engine, settings.topic, ledger, topic_id)
+        plan = plan_replay(settings, parked, chosen, book, again=args.again, force=args.force)
         for root, why in plan.skipped:
             print(f"left out {root}: {why}", file=sys.stderr)
         if not plan.roots:
@@ -144,10 +166,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 f"windows tables (dry run: nothing changed)"
             )
             return EXIT_OK
-        done = replay(settings, engine, plan)
+        done = replay(settings, engine, plan, publisher, topic_id)
     except ReplayRefused as exc:
         raise UsageError(str(exc)) from None
     finally:
+        if publisher is not None:
+            publisher.close()
         engine.dispose()
     direct = len(plan.direct)
     print(

@@ -157,72 +157,89 @@ def show(args: argparse.Namespace, settings: Settings, engine: Any) -> int:
 def reset(args: argparse.Namespace, settings: Settings, engine: Any) -> int:
     from skillstats.dlq import DeadLetters
     from skillstats.kafka import TopicIds, commit_offsets, watermarks
-    from skillstats.sinks.fences import RESET_TOKEN, PartitionFences
-    from skillstats.sinks.identity import Owner, owner_of
+    from skillstats.sinks.fences import RESET_TOKEN, PartitionFences, plan_reset
+    from skillstats.sinks.identity import (
+        IdentityMismatch,
+        Owner,
+        check_role_clash,
+        database_mark,
+        not_the_owner_message,
+        owner_of,
+    )
     from skillstats.sinks.upserts import now_utc_naive
 
     role = role_of(settings, engine, args.group, args.role)
+    with engine.connect() as connection:
+        check_role_clash(connection, Owner(role, args.group, settings.topic, None))
+    recorded = owner_of(engine, role)
+    if recorded is not None and recorded.group_id != args.group:  # said before anything is asked of Kafka
+        raise IdentityMismatch(not_the_owner_message(recorded, args.group))
     marks = watermarks(settings, settings.topic)
     unknown = sorted(set(args.partition or ()) - set(marks))
     if unknown:
         raise UsageError(f"topic {settings.topic} has no partition {unknown[0]} (it has 0..{len(marks) - 1})")
     topic_id = TopicIds(settings).get(settings.topic)
-    recorded = owner_of(engine, role)
-    replaced = recorded is not None and (
-        recorded.topic != settings.topic or (recorded.topic_id is not None and recorded.topic_id != topic_id)
-    )
     fences = PartitionFences(engine, args.group, settings.topic)
     current = fences.fences()
-    chosen = {p: bounds for p, bounds in marks.items() if not args.partition or p in args.partition}
-    targets = {p: (low if args.to == "start" else high) for p, (low, high) in chosen.items()}
+    plan = plan_reset(args.group, settings.topic, topic_id, recorded, marks, current, args.partition, args.to)
     print(f"group {args.group} ({role} tables), topic {settings.topic} (id {topic_id}), reset to the log {args.to}")
-    if replaced:
+    if plan.replaced:
         assert recorded is not None
         print(
             f"  the counts so far belong to topic {recorded.topic} (id {recorded.topic_id}): none of these "
             f"records was counted"
         )
     again = skipped = 0
-    for partition, (low, high) in sorted(chosen.items()):
+    for partition, (low, high) in sorted(marks.items()):
         fence = current.get(partition)
-        counted_to = low if replaced or fence is None else min(max(fence, low), high)
+        shown = fence if fence is not None else "-"
+        ahead = "  AHEAD OF LOG" if fence is not None and fence > high else ""
+        if partition in plan.left:
+            reads = f"reads from {fence}" if fence is not None else f"reads from the log start, {low}"
+            print(f"  partition {partition:>3}  fence {shown:>12}    unchanged (not chosen): {reads}{ahead}")
+            continue
+        counted_to = low if plan.replaced or fence is None else min(max(fence, low), high)
         if args.to == "start":
             count, what = counted_to - low, "counted again"
             again += count
         else:
             count, what = high - counted_to, "never counted"
             skipped += count
-        shown = fence if fence is not None else "-"
-        ahead = "  AHEAD OF LOG" if fence is not None and fence > high else ""
-        print(f"  partition {partition:>3}  fence {shown:>12} -> {targets[partition]:<12} {count:>10,} {what}{ahead}")
+        target = plan.targets[partition]
+        print(f"  partition {partition:>3}  fence {shown:>12} -> {target:<12} {count:>10,} {what}{ahead}")
+    for partition in plan.dropped:
+        print(f"  partition {partition:>3}  fence {current[partition]:>12}    dropped: the topic has no such partition")
     if args.to == "start":
         print(
             f"  {again:,} record(s) already counted would be counted again" if again else "  nothing is counted twice"
         )
     else:
         print(f"  {skipped:,} record(s) in the topic would never be counted" if skipped else "  nothing is left out")
+    if plan.refusal is not None:
+        raise UsageError(plan.refusal)
     if not _confirmed(args.confirm, RESET_TOKEN, "reset"):
         return EXIT_OK
     _refuse_members(settings, args.group, args.force)
     dead_letters = DeadLetters(settings, args.group)
     try:
-        dlq_marks = dead_letters.end_marks(sorted(targets))
+        dlq_marks = dead_letters.end_marks(sorted(plan.targets))
     finally:
         dead_letters.close()
     owner = Owner(role, args.group, settings.topic, topic_id)
-    fences.reset(targets, dlq_marks, now_utc_naive(), owner, replaced=replaced)
+    fences.reset(plan.targets, dlq_marks, now_utc_naive(), owner, replaced=plan.replaced, dropped=plan.dropped)
     try:
-        commit_offsets(settings, args.group, settings.topic, targets)
+        mark = database_mark(engine, role)
+        commit_offsets(settings, args.group, settings.topic, plan.targets, metadata=mark)
     except Exception as exc:  # a hint for lag tools: the fences, set above, are where the group reads from
         print(f"note: the group's Kafka committed offsets were not set ({exc}); the fences hold", file=sys.stderr)
-    print(f"reset {len(targets)} fence(s) of group {args.group}; its counts now belong to topic id {topic_id}")
+    print(f"reset {len(plan.targets)} fence(s) of group {args.group}; its counts now belong to topic id {topic_id}")
     return EXIT_OK
 
 
 def takeover(args: argparse.Namespace, settings: Settings, engine: Any) -> int:
     from skillstats.kafka import commit_offsets
     from skillstats.sinks.fences import PartitionFences
-    from skillstats.sinks.identity import TAKEOVER_TOKEN, take_over
+    from skillstats.sinks.identity import TAKEOVER_TOKEN, database_mark, take_over
     from skillstats.sinks.upserts import now_utc_naive
 
     if args.old == args.group:
@@ -241,7 +258,7 @@ def takeover(args: argparse.Namespace, settings: Settings, engine: Any) -> int:
     moved = take_over(engine, role, args.old, args.group, now_utc_naive())
     if theirs:
         try:
-            commit_offsets(settings, args.group, settings.topic, theirs)
+            commit_offsets(settings, args.group, settings.topic, theirs, metadata=database_mark(engine, role))
         except Exception as exc:  # a hint for lag tools
             print(f"note: group {args.group}'s Kafka committed offsets were not set ({exc})", file=sys.stderr)
     print(f"handed {moved} fence row(s) and the {role} tables from group {args.old} to group {args.group}")

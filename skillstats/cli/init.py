@@ -30,6 +30,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=FIRST_ANSWER_S, help="seconds to wait for Kafka (default %(default)g)"
     )
     parser.add_argument("--skip-topics", action="store_true", help="only migrate the SQL schema")
+    parser.add_argument(
+        "--new-topic",
+        action="store_true",
+        help="create the events topic even though the database counts another one (a new deployment on purpose; "
+        "without it a topic the database does not count is refused, since a typo would leave publishers writing "
+        "to a topic no consumer reads)",
+    )
     parser.add_argument("--skip-schema", action="store_true", help="only create the topics")
     parser.add_argument(
         "--demo-registry",
@@ -60,6 +67,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             print(f"demo registry: {added} skill row(s) added, {len(demo_registry()) - added} already there")
     if not args.skip_topics:
         from skillstats.dlq import DLQ_TOPIC_CONFIG
+        from skillstats.dlq_admin import LEDGER_CONFIG, ledger_topic
         from skillstats.kafka import (
             CLEANUP_POLICY,
             TIMESTAMP_TYPE,
@@ -68,10 +76,16 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             topic_configs,
         )
 
+        _refuse_uncounted_topic(settings, args.new_topic, args.timeout)
         reports = ensure_topics(
             settings,
-            {settings.topic: args.partitions, settings.dlq_topic: args.dlq_partitions},
-            configs={settings.dlq_topic: DLQ_TOPIC_CONFIG, settings.topic: {CLEANUP_POLICY: "delete"}},
+            # The replay ledger too (dlq replay would create it on demand): one compacted partition.
+            {settings.topic: args.partitions, settings.dlq_topic: args.dlq_partitions, ledger_topic(settings): 1},
+            configs={
+                settings.dlq_topic: DLQ_TOPIC_CONFIG,
+                settings.topic: {CLEANUP_POLICY: "delete"},
+                ledger_topic(settings): LEDGER_CONFIG,
+            },
             replication_factor=args.replication_factor,
             timeout=args.timeout,
         )
@@ -88,3 +102,26 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         if refusals:
             raise UsageError(f"topic {settings.topic}: {refusals[0]}")
     return EXIT_OK
+
+
+def _refuse_uncounted_topic(settings: Settings, new_topic: bool, timeout: float) -> None:
+    """Refuse to create an events topic beside the one this database counts (unless --new-topic).
+
+    `init` is what a "topic does not exist" hint sends people to: with a typo in
+    SKILLSTATS_TOPIC it would create the misspelt topic, and every later publish
+    would succeed into a topic no consumer of this database reads.
+    """
+    from skillstats.cli.common import counted_topics
+    from skillstats.kafka import list_topic_names
+
+    counted = counted_topics(settings)
+    if new_topic or not counted or settings.topic in counted:
+        return
+    if settings.topic in list_topic_names(settings, timeout):
+        return  # exists already: nothing is created (the consumers check the topic they are set to read)
+    named = ", ".join(f"{topic!r} ({', '.join(roles)})" for topic, roles in sorted(counted.items()))
+    raise UsageError(
+        f"the database {redact_url(settings.database_url)} counts topic {named}, and topic {settings.topic!r} "
+        f"does not exist: not creating it, since publishers would then write to a topic no consumer of this "
+        f"database reads. Check SKILLSTATS_TOPIC (--topic); for a new topic on purpose, add --new-topic"
+    )

@@ -28,6 +28,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     report = status(settings)
     print(render(report, args.json))
     # Non-zero when a group would refuse to run (a fence ahead of its log, another group's or topic's
-    # counts): for on-call scripts and probes. Lag alone is not an error.
+    # counts) or docsync holds a partition back (the database refuses its deltas): for on-call scripts and
+    # probes. Lag alone is not an error.
     refused = any(group["fences_ahead"] or group["refused"] for group in report["groups"])
-    return EXIT_FAILED if refused else EXIT_OK
+    return EXIT_FAILED if refused or report.get("docsync_held_back") else EXIT_OK
