@@ -168,4 +168,5 @@ ingest_requests = Table(
     Column("response", Text, nullable=True),
     Column("claimed_at", DateTime, nullable=False),
     Column("expires_at", DateTime, nullable=False, index=True),
+    Column("renewed_at", DateTime, nullable=True),  # the lease renewed while the request waits on its commit
 )

@@ -91,7 +91,7 @@ def test_every_reason_code_is_in_the_contract(reason: str) -> None:
 
 def test_every_dlq_header_is_in_the_contract() -> None:
     headers = [value for name, value in vars(dlq).items() if name.startswith("H_")]
-    assert len(headers) == 12
+    assert len(headers) == 13
     for header in headers:
         assert f"`{header}`" in contract_text(), header
 

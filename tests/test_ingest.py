@@ -3,6 +3,8 @@ both groups, what it refuses publishes nothing, and each bad input gets its answ
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import http.client
 import json
 import os
@@ -12,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +188,23 @@ def test_every_bad_input_gets_its_answer_and_publishes_nothing(settings: Setting
     assert unauthorized == answer("a wrong token", good, token="guess") == (401, {"error": "unauthorized"})
     assert answer("a bad Idempotency-Key", good, headers={"Idempotency-Key": "has space"})[0] == 400
 
+    # A token that is not UTF-8 is a wrong token like any other (it used to be a 500, a traceback per request).
+    with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=30) as raw:
+        raw.sendall(
+            b"POST /v1/events HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer \xff\xfe"
+            + TOKEN.encode()
+            + b"\r\nContent-Type: application/x-ndjson\r\nContent-Length: "
+            + str(len(good)).encode()
+            + b"\r\n\r\n"
+            + good
+        )
+        reply = b""
+        while chunk := raw.recv(65536):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 401"), reply[:200]
+    assert b"WWW-Authenticate: Bearer" in reply and reply.endswith(b'{"error":"unauthorized"}'), reply
+    tried["a token that is not UTF-8"] = (401, reply.split(b"\r\n\r\n", 1)[-1].decode())
+
     # A client that sends its body too slowly is answered 408 and cut off after --read-timeout.
     with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=30) as slow:
         slow.sendall(
@@ -205,6 +224,7 @@ def test_every_bad_input_gets_its_answer_and_publishes_nothing(settings: Setting
     assert 'skillstats_ingest_events_rejected_total{reason="unknown_kind"} 1.0' in metrics
     assert ingest.terminate() == 0
     assert TOKEN not in ingest.log_path.read_text() and "guess" not in ingest.log_path.read_text()
+    assert "Traceback" not in ingest.log_path.read_text()
     for name, (status, said) in tried.items():
         record_metric(f"ingest, {name}: {status} {str(said)[:140]}")
 
@@ -372,59 +392,346 @@ def test_settings_that_cannot_work_exit_2_in_a_line(tmp_path: Path) -> None:
         (("--no-auth", "--tls-cert", str(empty)), "--tls-cert and --tls-key go together"),
         (("--no-auth", "--publish-timeout", "0"), "--publish-timeout"),
         (("--no-auth", "--shutdown-budget", "10"), "a request in flight could be cut off"),
+        (("--no-auth", "--publish-timeout", "1800", "--idempotency-hours", "1"), "shorter than a claim's lease"),
     ):
         result = run(*args)
         assert result.returncode == 2, (args, result.stderr)
         assert said in result.stderr and len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
 
 
-def test_a_process_killed_between_commit_and_keeping_the_key_is_the_documented_gap(
-    settings: Settings, tmp_path: Path
-) -> None:
-    """In-process (the process "dies" where a test can aim): the request's transaction committed, its answer never
-    reached SQL. Within the lease the same key is answered 409; after it, the request is published again."""
-    import asyncio
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_publish_timeout_the_broker_would_refuse_is_refused_at_start(settings: Settings) -> None:
+    """Kafka refuses a transaction timeout (--publish-timeout + 10 s) above its transaction.max.timeout.ms: read
+    from the broker at start, and said in a line (exit 2), rather than every request answered 503."""
+    result = subprocess.run(
+        [sys.executable, "-m", "skillstats.cli", "ingest", "--no-auth", "--no-idempotency", "--publish-timeout", "895"],
+        env=settings.child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "transaction.max.timeout.ms is 900000 ms: at most 890" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
-    from aiohttp.test_utils import TestClient, TestServer
 
+# ---------------------------------------------------------------------- a keyed request published at most once
+# The server in this process, where a test can stop it at the point it wants (a process "dies" there: its
+# event loop and its renewals end, its publisher's thread does nothing more), and the lease that would then run
+# out moved into the past in SQL instead of waited for.
+
+
+def in_process_app(settings: Settings, transactional_id: str, lease: timedelta, commit: Any = None) -> Any:
     from skillstats.ingest.idempotency import IdempotencyStore
+    from skillstats.ingest.receipts import Receipts
     from skillstats.ingest.server import IngestApp, Limits
     from skillstats.ingest.transactions import TransactionalPublisher
     from skillstats.sinks.db import open_engine
 
+    receipts = Receipts(settings, timedelta(hours=1))
+    publisher = TransactionalPublisher(settings, transactional_id, publish_timeout=10, receipts=receipts)
+    if commit is not None:
+        publisher._commit = functools.partial(commit, publisher._commit)  # type: ignore[method-assign]
+    store = IdempotencyStore(open_engine(settings.database_url), ttl=timedelta(hours=1), lease=lease)
+    return IngestApp(publisher, None, store, Limits())
+
+
+def keyed_rows(settings: Settings) -> list[Any]:
+    from sqlalchemy import select
+
+    from skillstats.ingest.idempotency import requests
+    from skillstats.sinks.db import open_engine
+
     engine = open_engine(settings.database_url)
-    body = make_event("sk_gap", "download", int(time.time() * 1000)).encode()
+    try:
+        with engine.connect() as connection:
+            return list(connection.execute(select(requests)))
+    finally:
+        engine.dispose()
+
+
+def lease_runs_out(settings: Settings, by: timedelta) -> None:
+    """As if `by` had passed since every claim was made or last renewed."""
+    from sqlalchemy import update
+
+    from skillstats.ingest.idempotency import requests
+    from skillstats.sinks.db import open_engine
+
+    engine = open_engine(settings.database_url)
+    try:
+        with engine.begin() as connection:
+            for row in connection.execute(requests.select()).all():
+                connection.execute(
+                    update(requests)
+                    .where(requests.c.key == row.key)
+                    .values(claimed_at=row.claimed_at - by, renewed_at=None)
+                )
+    finally:
+        engine.dispose()
+
+
+async def until(condition: Any, timeout: float, what: str) -> None:
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("dies", ["after its commit", "before its commit"])
+def test_a_process_killed_around_its_commit_publishes_a_keyed_request_once(
+    settings: Settings, tmp_path: Path, dies: str
+) -> None:
+    """Once the documented gap (issue 27): a process that dies after Kafka committed a keyed request and before
+    its answer reached SQL. Within the lease the key is answered 409; after it, the retry finds the receipt the
+    committed transaction holds and is answered from it (Idempotent-Replayed), publishing nothing. A process
+    that dies before its commit leaves an open transaction, which its restart (the same transactional id)
+    aborts: no receipt is visible, and the retry publishes. Either way the event counts once."""
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    body = make_event("sk_once", "download", int(time.time() * 1000)).encode()
     headers = {"Idempotency-Key": "cut-off", "Content-Type": NDJSON}
+    lease = timedelta(seconds=30)
+    instance = "skillstats-ingest-restarted"  # a restarted pod keeps its name, so its transactional id
 
     class Died(Exception):
         pass
 
-    async def scenario() -> list[int]:
-        statuses = []
-        for life in range(3):
-            publisher = TransactionalPublisher(settings, f"skillstats-ingest-gap-{life}", publish_timeout=10)
-            store = IdempotencyStore(engine, ttl=timedelta(hours=1), lease=timedelta(seconds=2))
-            app = IngestApp(publisher, None, store, Limits())
-            if life == 0:
+    buried = threading.Event()
 
-                async def die(*_args: object) -> None:
-                    raise Died("killed after the commit, before the key was kept")
+    def hang(_real_commit: Any, _producer: Any, _deadline: float) -> None:
+        buried.wait()  # never committed, never aborted: the process is gone (until the test ends)
+        raise Died("the test is over")
 
-                app._answered = die  # type: ignore[method-assign]
-            async with TestClient(TestServer(app.app)) as client:
-                if life == 2:
-                    await asyncio.sleep(2.5)  # the lease runs out
-                try:
-                    response = await client.post("/v1/events", data=body, headers=headers)
-                    statuses.append(response.status)
-                except Exception:
-                    statuses.append(-1)
-            await asyncio.to_thread(publisher.close, 10)
-        return statuses
+    async def first_life() -> Any:
+        app = in_process_app(settings, instance, lease, commit=hang if dies == "before its commit" else None)
+        if dies == "after its commit":
 
-    statuses = asyncio.run(scenario())
+            async def die(*_args: object) -> None:
+                raise Died("killed after the commit, before the answer reached SQL")
+
+            app._answered = die
+        async with TestClient(TestServer(app.app)) as client:
+            request = asyncio.ensure_future(client.post("/v1/events", data=body, headers=headers))
+            if dies == "after its commit":
+                await until(lambda: counted(settings) == 1, 30, "the transaction to commit")
+            else:
+                await until(lambda: published(settings) >= 1, 30, "the records to be produced, uncommitted")
+            request.cancel()
+            with contextlib.suppress(BaseException):
+                await request
+        return app
+
+    async def next_life() -> list[tuple[int, str | None, Any]]:
+        app = in_process_app(settings, instance, lease)
+        answers = []
+        async with TestClient(TestServer(app.app)) as client:
+            await until(lambda: app.publisher.kafka_problem is None, 30, "the restarted publisher")
+
+            async def send() -> None:
+                response = await client.post("/v1/events", data=body, headers=headers)
+                answers.append((response.status, response.headers.get("Idempotent-Replayed"), await response.json()))
+
+            await send()  # within the lease: the first request might still commit
+            lease_runs_out(settings, by=lease + timedelta(seconds=1))
+            await send()  # after it: the receipt, or (none committed) published
+            await send()  # and from then on, the answer SQL keeps
+        await asyncio.to_thread(app.publisher.close, 10)
+        app.receipts.close()
+        return answers
+
+    dead = asyncio.run(first_life())
+    assert [row.status for row in keyed_rows(settings)] == [None], "the answer must not have reached SQL"
+    answers = asyncio.run(next_life())
+    assert answers[0][0] == 409, answers
+    if dies == "after its commit":
+        assert answers[1:] == [(202, "true", {"accepted": 1})] * 2, answers
+    else:
+        assert answers[1] == (202, None, {"accepted": 1}) and answers[2] == (202, "true", {"accepted": 1}), answers
+    assert [r.key for r in read_records(settings, settings.topic)] == [b"sk_once"]
+    buried.set()  # the dead process's leftovers, stopped
+    dead.publisher.close(10)
+    dead.receipts.close()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_commit_stuck_past_the_lease_keeps_its_key_and_its_answer(settings: Settings, tmp_path: Path) -> None:
+    """One replica, a keyed request whose commit takes longer than its lease (Kafka slow to confirm it). Its claim
+    is renewed while it waits, so a retry meanwhile is told 409 instead of taking the key over (which used to end
+    in a 503 that gave the key back, and the next retry published again); the commit, when it comes, keeps its
+    answer, and the next retry is answered from it. Published once."""
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from skillstats.sinks.upserts import now_utc_naive
+
+    body = make_event("sk_slow", "download", int(time.time() * 1000)).encode()
+    headers = {"Idempotency-Key": "slow-commit", "Content-Type": NDJSON}
+    lease = timedelta(seconds=1)
+    stuck, confirmed = threading.Event(), threading.Event()
+
+    def slow(real_commit: Any, producer: Any, _deadline: float) -> None:
+        stuck.set()
+        confirmed.wait(60)
+        real_commit(producer, time.monotonic() + 10)
+
+    def lease_passed_since_the_claim() -> bool:
+        rows = keyed_rows(settings)
+        return bool(rows) and rows[0].claimed_at + lease < now_utc_naive()
+
+    async def scenario() -> list[tuple[int, str | None]]:
+        app = in_process_app(settings, "skillstats-ingest-slow", lease, commit=slow)
+        async with TestClient(TestServer(app.app)) as client:
+
+            async def send() -> tuple[int, str | None]:
+                response = await client.post("/v1/events", data=body, headers=headers)
+                return response.status, response.headers.get("Idempotent-Replayed")
+
+            first = asyncio.ensure_future(send())
+            await until(
+                lambda: stuck.is_set() and lease_passed_since_the_claim(), 30, "the commit to outlast the lease"
+            )
+            retry = asyncio.ensure_future(send())
+            # The retry is answered at once, or (what this replaces) takes the key over and waits in the queue.
+            await until(lambda: retry.done() or app.publisher._queue.qsize() > 0, 30, "the retry to be answered")
+            confirmed.set()
+            answers = [await retry, await first, await send()]
+        await asyncio.to_thread(app.publisher.close, 10)
+        app.receipts.close()
+        return answers
+
+    answers = asyncio.run(scenario())
+    assert answers == [(409, None), (202, None), (202, "true")], answers
+    assert [r.key for r in read_records(settings, settings.topic)] == [b"sk_slow"]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_ingest_killed_between_the_commit_and_the_answer_is_answered_from_its_receipt(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The real thing, SIGKILL: the answer's UPDATE is held in PostgreSQL (a trigger waits on an advisory lock the
+    test holds) until Kafka has committed the request, and the process is killed there. Another replica, once the
+    claim's lease has run out, answers the retry from the committed receipt: the event is in the topic once."""
+    from sqlalchemy import text
+
+    from skillstats.sinks.db import open_engine
+
+    engine = open_engine(settings.database_url)
+    hold = engine.connect()
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "CREATE FUNCTION hold_answers() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN PERFORM pg_advisory_xact_lock(2727); RETURN NEW; END $$"
+            )
+        )
+        connection.execute(
+            text(
+                "CREATE TRIGGER hold_answers BEFORE UPDATE ON skillstats_ingest_requests "
+                "FOR EACH ROW EXECUTE FUNCTION hold_answers()"
+            )
+        )
+    hold.execute(text("SELECT pg_advisory_lock(2727)"))
+    first, url = start_ingest(settings, tmp_path, "--instance-id", "first")
+    body = make_event("sk_killed", "download", int(time.time() * 1000)).encode()
+    key = {"Idempotency-Key": "killed-mid-answer"}
+    cut_off: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            post(url, body, headers=key)
+        except OSError as exc:  # the connection dies with the process
+            cut_off.append(exc)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    wait_until(lambda: counted(settings) == 1, 30, "Kafka to commit the request")
+    waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    wait_until(lambda: hold.execute(text(waiting)).scalar() == 1, 30, "its answer to wait in PostgreSQL")
+    first.kill9()
+    others = (
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    hold.execute(text(others))  # the dead process's connections go with it
+    hold.execute(text("SELECT pg_advisory_unlock(2727)"))
+    hold.commit()
+    hold.close()
+    sender.join(30)
+    assert cut_off, "the client must have lost its answer"
+    with engine.begin() as connection:
+        connection.execute(text("DROP TRIGGER hold_answers ON skillstats_ingest_requests"))
+        # As if the lease had run out (twice the publish timeout + 40 s) since the claim.
+        connection.execute(text("UPDATE skillstats_ingest_requests SET claimed_at = claimed_at - interval '5 minutes'"))
+        assert connection.execute(text("SELECT status FROM skillstats_ingest_requests")).all() == [(None,)]
     engine.dispose()
-    # life 0 died after committing (the client saw the connection fail), life 1 within the lease: 409,
-    # life 2 after it: published again. The event is in the topic twice: the gap docs/contract.md states.
-    assert statuses[1:] == [409, 202], statuses
-    assert [r.key for r in read_records(settings, settings.topic)] == [b"sk_gap", b"sk_gap"]
+
+    second, url = start_ingest(settings, tmp_path, "--instance-id", "second")
+    status, headers, answer = post(url, body, headers=key)
+    assert (status, headers.get("Idempotent-Replayed"), answer) == (202, "true", {"accepted": 1})
+    assert [r.key for r in read_records(settings, settings.topic)] == [b"sk_killed"]
+    assert post(url, body, headers=key)[::2] == (202, {"accepted": 1})
+    assert second.terminate() == 0
+    assert "answered from the receipt its transaction committed" in second.log_path.read_text()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_receipts_are_found_by_key_and_lifetime_and_later_reads_see_later_commits(settings: Settings) -> None:
+    """The reader keeps what it read of a partition for the next take-over: a receipt committed after one read is
+    found by the next (it reads on from where the last stopped), a key never published has none, and a receipt
+    of an earlier use of the key (another `expires_at`) is not this one's."""
+    from datetime import datetime
+
+    from skillstats.ingest.idempotency import Claimed, Stale
+    from skillstats.ingest.receipts import Receipt, Receipts, receipt_partition
+    from skillstats.ingest.transactions import TransactionalPublisher
+
+    receipts = Receipts(settings, timedelta(hours=1))
+    publisher = TransactionalPublisher(settings, "skillstats-ingest-receipts-test", 10, receipts=receipts)
+    now = datetime.now(UTC).replace(tzinfo=None, microsecond=123456)
+    same = [f"scope:k{i}" for i in range(200) if receipt_partition(f"scope:k{i}".encode()) == 0][:3]
+    first, second, never = (Claimed(key, now, now + timedelta(hours=1), "digest") for key in same)
+
+    def commit(claim: Claimed, accepted: int) -> None:
+        receipt = receipts.record(claim, 202, f'{{"accepted": {accepted}}}')
+        publisher.submit([], int(time.time() * 1000), receipt).result(30)
+
+    def stale(claim: Claimed, expires_at: datetime | None = None) -> Stale:
+        return Stale(claim.key, claim.claimed_at, None, expires_at or claim.expires_at, claim.digest)
+
+    try:
+        commit(first, 3)
+        assert receipts.find(stale(first), 10) == Receipt(202, '{"accepted": 3}')
+        assert receipts.find(stale(second), 10) is None
+        commit(second, 5)  # after the partition was read up to its end
+        assert receipts.find(stale(second), 10) == Receipt(202, '{"accepted": 5}')
+        assert receipts.find(stale(never), 10) is None
+        assert receipts.find(stale(first, expires_at=now), 10) is None  # the key's earlier use
+        fresh = Receipts(settings, timedelta(hours=1))  # another replica, reading from the claim's time
+        assert fresh.find(stale(second), 10) == Receipt(202, '{"accepted": 5}')
+        fresh.close()
+
+        # A transaction still open with a receipt in it (a process gone, its transaction not yet aborted): the
+        # reader cannot tell, and says so (503), rather than take it for aborted. Aborted, there is none.
+        from confluent_kafka import Producer
+
+        from skillstats.ingest.receipts import ReceiptsUnknown
+
+        zombie = Producer(settings.kafka_config(**{"transactional.id": "skillstats-ingest-zombie"}))
+        zombie.init_transactions(10)
+        zombie.begin_transaction()
+        partition, key, value = receipts.record(never, 202, '{"accepted": 7}')
+        zombie.produce(receipts.topic, value=value, key=key, partition=partition)
+        zombie.flush(10)
+        with pytest.raises(ReceiptsUnknown):
+            receipts.find(stale(never), 1)
+        zombie.abort_transaction(10)
+        assert receipts.find(stale(never), 10) is None
+    finally:
+        publisher.close(10)
+        receipts.close()

@@ -1,4 +1,13 @@
-"""`skillstats ingest`: an HTTP endpoint that publishes stat events for services without a Kafka client."""
+"""`skillstats ingest`: an HTTP endpoint that publishes stat events for services without a Kafka client.
+
+Settings that cannot work are refused at start (exit 2), not found out by every
+request: an `--idempotency-hours` shorter than a claim's lease (a key would
+expire while its request may still commit), and a `--publish-timeout` whose
+transaction timeout (+ 10 s) the broker's `transaction.max.timeout.ms` refuses
+(read from the broker; Kafka's default, 15 min, when it cannot be read: a
+broker with a larger limit and no DescribeConfigs right for ingest then refuses
+a timeout it would have taken, the safe side).
+"""
 
 from __future__ import annotations
 
@@ -86,13 +95,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--publish-timeout",
         type=_seconds,
         default=10.0,
-        help="seconds for Kafka to commit a request's events; past it 503 and nothing counts (default 10)",
+        help="seconds for Kafka to commit a request's events; past it 503 and nothing counts (default 10; plus "
+        "10 s, at most the broker's transaction.max.timeout.ms, 900 s by default)",
     )
     parser.add_argument(
         "--idempotency-hours",
         type=positive,
         default=24,
-        help="how long an Idempotency-Key's answer is kept (default 24)",
+        help="how long an Idempotency-Key's answer is kept (default 24; at least a claim's lease, twice "
+        "--publish-timeout + 40 s)",
     )
     parser.add_argument(
         "--no-idempotency",
@@ -163,15 +174,30 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             f"{DRAIN_RESERVE_S:g} = {least:g} s: a request in flight could be cut off after it was published"
         )
 
+    lease = _lease(args.publish_timeout)
+    if not args.no_idempotency and timedelta(hours=args.idempotency_hours) < lease:
+        raise UsageError(
+            f"--idempotency-hours {args.idempotency_hours} is shorter than a claim's lease with --publish-timeout "
+            f"{args.publish_timeout:g} ({lease.total_seconds():g} s): a key could expire while its request may still "
+            f"commit; give more hours or a shorter --publish-timeout"
+        )
     store = None
     if not args.no_idempotency:
-        store = _store(settings, args.publish_timeout, args.idempotency_hours)
+        store = _store(settings, lease, args.idempotency_hours)
 
     from skillstats.cli.lag_exporter import refuse_early
 
     refuse_early(settings, "ingest")
+    _refuse_transaction_timeout(settings, args.publish_timeout)
+    receipts = None
+    if store is not None:
+        from skillstats.ingest.receipts import Receipts
+
+        receipts = Receipts(settings, store.ttl)
     instance = args.instance_id or f"{socket.gethostname()}-{args.port}"
-    publisher = TransactionalPublisher(settings, f"skillstats-ingest-{instance}", args.publish_timeout)
+    publisher = TransactionalPublisher(
+        settings, f"skillstats-ingest-{instance}", args.publish_timeout, receipts=receipts
+    )
     limits = Limits(args.max_body_bytes, args.max_events, args.read_timeout)
     ingest = IngestApp(publisher, tokens, store, limits)
     watchdog = ShutdownWatchdog(
@@ -207,6 +233,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         finally:
             if purging is not None:
                 purging.cancel()
+            if receipts is not None:
+                receipts.close()
 
     try:
         asyncio.run(main())
@@ -231,7 +259,34 @@ def _tls(cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
     return context
 
 
-def _store(settings: Settings, publish_timeout: float, hours: int) -> IdempotencyStore:
+def _lease(publish_timeout: float) -> timedelta:
+    """A claim's lease after its last renewal: outlasts any transaction of the claim's request, the queue
+    (publish timeout), then Kafka's transaction timeout (publish timeout + 10 s), and a margin for the broker's
+    abort of a timed-out transaction and for clocks (skillstats/ingest/idempotency.py)."""
+    return timedelta(seconds=2 * publish_timeout + 10 + 30)
+
+
+def _refuse_transaction_timeout(settings: Settings, publish_timeout: float) -> None:
+    from skillstats.ingest.transactions import (
+        KAFKA_DEFAULT_TRANSACTION_MAX_MS,
+        TRANSACTION_MARGIN_S,
+        transaction_limit_ms,
+        transaction_timeout_ms,
+    )
+
+    limit = transaction_limit_ms(settings, timeout=2.0)  # Kafka answered refuse_early, or is away
+    said = "Kafka's transaction.max.timeout.ms is"
+    if limit is None:
+        limit, said = KAFKA_DEFAULT_TRANSACTION_MAX_MS, "transaction.max.timeout.ms (not readable here) is by default"
+    if transaction_timeout_ms(publish_timeout) > limit:
+        most = limit / 1000 - TRANSACTION_MARGIN_S
+        raise UsageError(
+            f"--publish-timeout {publish_timeout:g}: a request's transaction may stay open --publish-timeout + "
+            f"{TRANSACTION_MARGIN_S:g} s, and {said} {limit} ms: at most {most:g} (or raise the broker's limit)"
+        )
+
+
+def _store(settings: Settings, lease: timedelta, hours: int) -> IdempotencyStore:
     from skillstats.ingest.idempotency import IdempotencyStore
     from skillstats.sinks.db import open_engine
     from skillstats.sinks.migrate import SchemaOutdated, require_current
@@ -243,9 +298,6 @@ def _store(settings: Settings, publish_timeout: float, hours: int) -> Idempotenc
         raise UsageError(f"Idempotency-Keys live in the database: {exc} (or start with --no-idempotency)") from None
     except Exception as exc:  # away now: requests with a key get 503 until it answers
         log.warning("the database %s does not answer (%s); starting anyway", redact_url(settings.database_url), exc)
-    # The lease outlasts any transaction of the claim's request: the queue (publish timeout), then Kafka's
-    # transaction timeout (publish timeout + 10 s), and a margin (skillstats/ingest/idempotency.py).
-    lease = timedelta(seconds=2 * publish_timeout + 10 + 30)
     return IdempotencyStore(engine, timedelta(hours=hours), lease)
 
 

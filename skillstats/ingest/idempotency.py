@@ -7,14 +7,34 @@ same key with the same body is answered from it until it expires
 (`--idempotency-hours`). A request that published nothing (refused as invalid,
 or 503) gives its claim back, so sending it again is a new attempt.
 
-What is left, exactly: a process killed after Kafka committed the transaction
-and before the answer reached this table leaves a claim with no answer. While
-its lease lasts (the publish timeout plus Kafka's transaction timeout plus a
-margin, so that the transaction is by then either committed or aborted by the
-broker) the same key is answered `409` ("in progress"); once it has passed, the
-request is published again, which counts it twice if that earlier transaction
-had committed. tests/test_ingest.py shows it happen. The same gap, narrower than
-without the header, exists for any retry of a request whose answer was lost.
+A claim is a lease. The request renews it (`renewed_at`) while it waits on its
+Kafka commit, however long that takes, so a live process keeps its keys: the
+same key is answered `409` meanwhile, and a commit that comes late keeps its
+answer. Only a process that stopped renewing (killed, its node lost, or cut off
+from the database) lets its lease run out (the publish timeout twice plus 40 s
+after the last renewal: by then every transaction it began is committed or
+aborted by the broker). The next request with the key then finds the claim
+`Stale`: its process may have died after Kafka committed and before the answer
+reached this table. The commit itself is the evidence: the same transaction
+wrote a receipt of the claim to a topic of ingest's own (receipts.py), which is
+read before anything is published again. A receipt found is the answer (`settle`);
+none, and the key is taken over (`take_over`) and published. Why not decide from
+SQL alone: the answer's row cannot be written in Kafka's transaction, so some
+crash always falls between the two; a record in the transaction cannot be
+separated from it.
+
+What it costs: a row update per lease quarter for a request waiting on its
+commit (none in the usual case: a commit takes milliseconds), one more column
+(migration 0008), and a Kafka read before a stale claim is taken over (a crash's
+cost, not a request's).
+
+What is left: a claimant alive but unable to reach the database for a whole
+lease stops renewing while its transaction may still commit; if its commit
+reaches Kafka only after another request read the receipts and took the key
+over, both publish, and the late one logs an ERROR when it keeps its answer.
+Clocks of replicas that differ by more than the lease's margin make the same
+mistake (the lease is read from each process's own clock). A retry sent with
+another token is another key (keys are scoped by the token).
 
 The key is scoped by the caller's token (a digest of it), so two callers cannot
 collide, and a key sent with a different body is refused (`422`) rather than
@@ -26,8 +46,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Literal
 
-from sqlalchemy import Engine, delete, insert, select, update
+from sqlalchemy import Engine, and_, delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from skillstats.sinks.schema import ingest_requests
@@ -36,12 +57,32 @@ from skillstats.sinks.upserts import now_utc_naive
 MAX_KEY_CHARS = 255
 
 
+requests = ingest_requests
+
+
 @dataclass(frozen=True)
 class Claimed:
-    """This request holds the key: publish, then `answered` or `release`."""
+    """This request holds the key: publish (its receipt in the transaction), then `answered` or `release`.
+
+    `expires_at` names the key's lifetime: it is set when the key is first claimed (or claimed again after it
+    expired) and kept by a take-over, so a receipt of any claim of this lifetime is recognised by it."""
 
     key: str
     claimed_at: datetime
+    expires_at: datetime
+    digest: str
+
+
+@dataclass(frozen=True)
+class Stale:
+    """The key's last claim ran out of lease with no answer: its process stopped renewing, maybe after its
+    transaction committed. Look for its receipt first (receipts.py): `settle` with it, or `take_over`."""
+
+    key: str
+    claimed_at: datetime
+    renewed_at: datetime | None
+    expires_at: datetime
+    digest: str
 
 
 @dataclass(frozen=True)
@@ -54,7 +95,7 @@ class Answered:
 
 @dataclass(frozen=True)
 class InProgress:
-    """Another request with this key is in flight (or was cut off; see the module's docstring)."""
+    """Another request with this key is in flight (its process keeps renewing the claim)."""
 
     retry_after: int
 
@@ -62,6 +103,11 @@ class InProgress:
 @dataclass(frozen=True)
 class Mismatch:
     """The key was used with another body."""
+
+
+# What became of a committed request's answer (`answered`): kept as its own claim's; kept though another
+# request had taken the key over meanwhile (both may have published); the key already had an answer; or lost.
+Kept = Literal["own", "late", "answered", "lost"]
 
 
 def body_digest(body: bytes) -> str:
@@ -73,68 +119,146 @@ class IdempotencyStore:
         self.engine = engine
         self.ttl = ttl
         self.lease = lease
+        # Often enough that two renewals can fail (a database blip) before the lease runs out.
+        self.renew_every = lease / 4
 
-    def claim(self, key: str, digest: str) -> Claimed | Answered | InProgress | Mismatch:
+    def claim(self, key: str, digest: str) -> Claimed | Stale | Answered | InProgress | Mismatch:
         now = now_utc_naive()
         row = {"key": key, "body_sha256": digest, "claimed_at": now, "expires_at": now + self.ttl}
         try:
             with self.engine.begin() as connection:
-                connection.execute(insert(ingest_requests).values(**row))
-            return Claimed(key, now)
+                connection.execute(insert(requests).values(**row))
+            return Claimed(key, now, now + self.ttl, digest)
         except IntegrityError:
             pass
         with self.engine.begin() as connection:
-            found = connection.execute(
-                select(ingest_requests).where(ingest_requests.c.key == key).with_for_update()
-            ).one_or_none()
+            found = connection.execute(select(requests).where(requests.c.key == key).with_for_update()).one_or_none()
             if found is None:  # released or purged since: the next attempt claims it
                 return InProgress(retry_after=1)
-            if found.expires_at <= now:  # expired: a new request under an old key, with none of its answer
+            lease_ends = max(found.claimed_at, found.renewed_at or found.claimed_at) + self.lease
+            in_flight = found.status is None and lease_ends > now
+            if found.expires_at <= now and not in_flight:
+                # Expired: a new request under an old key, with none of its answer.
                 connection.execute(
-                    update(ingest_requests)
-                    .where(ingest_requests.c.key == key)
-                    .values(**row, status=None, response=None)
+                    update(requests)
+                    .where(requests.c.key == key)
+                    .values(**row, status=None, response=None, renewed_at=None)
                 )
-                return Claimed(key, now)
+                return Claimed(key, now, now + self.ttl, digest)
             if found.body_sha256 != digest:
                 return Mismatch()
             if found.status is not None:
                 return Answered(found.status, found.response or "")
-            if found.claimed_at + self.lease > now:
-                left = (found.claimed_at + self.lease - now).total_seconds()
+            if in_flight:
+                left = (lease_ends - now).total_seconds()
                 return InProgress(retry_after=max(1, int(left) + 1))
-            # The lease ran out with no answer: its process died (see above). Take it over, by compare-and-set.
-            taken = connection.execute(
-                update(ingest_requests)
-                .where(ingest_requests.c.key == key, ingest_requests.c.claimed_at == found.claimed_at)
-                .values(claimed_at=now)
-            )
-            return Claimed(key, now) if taken.rowcount == 1 else InProgress(retry_after=1)
+            return Stale(key, found.claimed_at, found.renewed_at, found.expires_at, digest)
 
-    def answered(self, claim: Claimed, status: int, response: str) -> bool:
-        """Keep the answer; False when the claim is no longer this request's (its lease ran out and another
-        request took the key over: both may have published, the documented gap)."""
+    def settle(self, stale: Stale, status: int, response: str) -> bool:
+        """Keep the answer a receipt of this key's lifetime holds (its transaction committed); False when the
+        key has an answer already, or is gone."""
         with self.engine.begin() as connection:
             kept = connection.execute(
-                update(ingest_requests)
-                .where(ingest_requests.c.key == claim.key, ingest_requests.c.claimed_at == claim.claimed_at)
+                update(requests)
+                .where(
+                    requests.c.key == stale.key, requests.c.expires_at == stale.expires_at, requests.c.status.is_(None)
+                )
                 .values(status=status, response=response)
             )
             return kept.rowcount == 1
 
+    def take_over(self, stale: Stale) -> Claimed | None:
+        """Claim a stale key for this request (no receipt of it was committed), by compare-and-set on the claim
+        and its last renewal: None when another request took it, or its claimant renewed after all."""
+        now = now_utc_naive()
+        renewed = (
+            requests.c.renewed_at.is_(None) if stale.renewed_at is None else requests.c.renewed_at == stale.renewed_at
+        )
+        with self.engine.begin() as connection:
+            taken = connection.execute(
+                update(requests)
+                .where(
+                    requests.c.key == stale.key,
+                    requests.c.claimed_at == stale.claimed_at,
+                    renewed,
+                    requests.c.status.is_(None),
+                )
+                .values(claimed_at=now, renewed_at=None)
+            )
+        return Claimed(stale.key, now, stale.expires_at, stale.digest) if taken.rowcount == 1 else None
+
+    def renew(self, claim: Claimed) -> bool:
+        """Push the claim's lease on (its request still waits on its commit); False when it is no longer this
+        request's."""
+        with self.engine.begin() as connection:
+            renewed = connection.execute(
+                update(requests)
+                .where(
+                    requests.c.key == claim.key,
+                    requests.c.claimed_at == claim.claimed_at,
+                    requests.c.status.is_(None),
+                )
+                .values(renewed_at=now_utc_naive())
+            )
+            return renewed.rowcount == 1
+
+    def answered(self, claim: Claimed, status: int, response: str) -> Kept:
+        """Keep the answer of a committed request. A late commit keeps its answer whatever happened to the claim
+        meanwhile (taken over, or given back by the request that took it over): the events are published, and
+        the next retry must be answered, never published again."""
+        mine = and_(requests.c.key == claim.key, requests.c.status.is_(None))
+        with self.engine.begin() as connection:
+            kept = connection.execute(
+                update(requests)
+                .where(mine, requests.c.claimed_at == claim.claimed_at)
+                .values(status=status, response=response)
+            )
+            if kept.rowcount == 1:
+                return "own"
+            kept = connection.execute(
+                update(requests)
+                .where(mine, requests.c.expires_at == claim.expires_at)
+                .values(status=status, response=response)
+            )
+            if kept.rowcount == 1:
+                return "late"
+            found = connection.execute(select(requests).where(requests.c.key == claim.key)).one_or_none()
+            if found is not None:
+                return "answered" if found.expires_at == claim.expires_at else "lost"
+        try:  # given back by a take-over whose own attempt failed: this answer is the key's
+            with self.engine.begin() as connection:
+                connection.execute(
+                    insert(requests).values(
+                        key=claim.key,
+                        body_sha256=claim.digest,
+                        status=status,
+                        response=response,
+                        claimed_at=claim.claimed_at,
+                        expires_at=claim.expires_at,
+                    )
+                )
+            return "late"
+        except IntegrityError:
+            return "lost"
+
     def release(self, claim: Claimed) -> None:
         with self.engine.begin() as connection:
             connection.execute(
-                delete(ingest_requests).where(
-                    ingest_requests.c.key == claim.key,
-                    ingest_requests.c.claimed_at == claim.claimed_at,
-                    ingest_requests.c.status.is_(None),
+                delete(requests).where(
+                    requests.c.key == claim.key,
+                    requests.c.claimed_at == claim.claimed_at,
+                    requests.c.status.is_(None),
                 )
             )
 
     def purge(self) -> int:
-        """Forget the keys that expired; how many."""
+        """Forget the keys that expired, but not a request still renewing its claim; how many."""
+        now = now_utc_naive()
+        cutoff = now - self.lease
+        lapsed = and_(
+            requests.c.claimed_at <= cutoff, or_(requests.c.renewed_at.is_(None), requests.c.renewed_at <= cutoff)
+        )
         with self.engine.begin() as connection:
             return connection.execute(
-                delete(ingest_requests).where(ingest_requests.c.expires_at <= now_utc_naive())
+                delete(requests).where(requests.c.expires_at <= now, or_(requests.c.status.is_not(None), lapsed))
             ).rowcount

@@ -9,10 +9,15 @@ A request, in order (docs/contract.md, HTTP): shutting down -> 503; the token ->
 401; the media type -> 415; its size (Content-Length, then what arrives) -> 413;
 the body within `--read-timeout` -> 408 (the connection is closed); an
 Idempotency-Key answered before -> that answer, in flight -> 409, with another
-body -> 422; the events -> 400 listing each invalid one, or 413 past
-`--max-events`; the transaction -> 202 once it committed, 503 when it did not
-(nothing of the request will count: send it again), 500 when its outcome is
-unknown.
+body -> 422, left by a request whose process died -> the answer its committed
+receipt holds, or (no receipt) taken over, or 503 when Kafka cannot tell yet;
+the events -> 400 listing each invalid one, or 413 past `--max-events`; the
+transaction -> 202 once it committed, 503 when it did not (nothing of the
+request will count: send it again), 500 when its outcome is unknown.
+
+A keyed request renews its claim while it waits on its commit, from a task of
+its own rather than the handler's, so that a handler cut off by the shutdown
+does not stop it: only a process that stops altogether stops renewing.
 """
 
 from __future__ import annotations
@@ -44,8 +49,10 @@ from skillstats.ingest.idempotency import (
     IdempotencyStore,
     InProgress,
     Mismatch,
+    Stale,
     body_digest,
 )
+from skillstats.ingest.receipts import Receipts
 from skillstats.ingest.tokens import TokenFile
 from skillstats.ingest.transactions import OutcomeUnknown, TransactionalPublisher, Unavailable
 from skillstats.metrics import INGEST_IN_FLIGHT, IngestMetrics
@@ -77,10 +84,15 @@ class IngestApp:
         store: IdempotencyStore | None,
         limits: Limits,
     ) -> None:
+        if store is not None and publisher.receipts is None:
+            raise ValueError("Idempotency-Keys need a publisher that writes receipts (skillstats/ingest/receipts.py)")
         self.publisher = publisher
         self.tokens = tokens
         self.store = store
+        self.receipts: Receipts | None = publisher.receipts if store is not None else None
         self.limits = limits
+        self._renewing: set[asyncio.Task[None]] = set()
+        self._receipt_reads = asyncio.Lock()
         self.shutting_down = False
         self.in_flight = 0
         self.metrics = IngestMetrics(publisher.queued_records)
@@ -171,7 +183,14 @@ class IngestApp:
             message = f"{len(parsed.rejected)} invalid event(s); nothing was published"
             return _json(400, {"error": message, "rejected": [r.to_json() for r in parsed.rejected]}), 0, reasons
 
-        published = self.publisher.submit(parsed.records, now_ms)
+        accepted = {"accepted": len(parsed.records)}
+        response = orjson.dumps(accepted).decode()
+        receipt = None
+        if claim is not None and self.receipts is not None:
+            receipt = self.receipts.record(claim, 202, response)
+        published = self.publisher.submit(parsed.records, now_ms, receipt)
+        if claim is not None:
+            self._renew_while(claim, published)
         try:
             # Shielded: a handler cancelled while waiting (the server closing past its drain) must not cancel
             # the publishing, whose outcome the claim still has to keep.
@@ -183,11 +202,10 @@ class IngestApp:
         except Unavailable as exc:
             await self._release(claim)
             return self._unavailable(f"not published (nothing of it will count; send it again): {exc}"), 0, none
-        except OutcomeUnknown as exc:  # the claim stays: its lease decides (skillstats/ingest/idempotency.py)
+        except OutcomeUnknown as exc:  # the claim stays: after its lease, a retry finds its receipt or none
             return _json(500, {"error": str(exc), "outcome": "unknown"}), 0, none
-        accepted = {"accepted": len(parsed.records)}
         if claim is not None:
-            await self._answered(claim, orjson.dumps(accepted).decode())
+            await self._answered(claim, response)
         return _json(202, accepted), len(parsed.records), none
 
     # ------------------------------------------------------------------ helpers
@@ -216,19 +234,84 @@ class IngestApp:
             answer = await self._database_call(lambda: store.claim(key, digest))
         except Exception:
             return self._unavailable("the idempotency store is unavailable; nothing was published")
+        if isinstance(answer, Stale):
+            return await self._take_over(store, answer)
         if isinstance(answer, Answered):
-            return web.Response(
-                status=answer.status,
-                body=answer.response.encode(),
-                content_type="application/json",
-                headers={"Idempotent-Replayed": "true"},
-            )
+            return _replayed(answer.status, answer.response)
         if isinstance(answer, InProgress):
             message = "a request with this Idempotency-Key is in progress; ask again later"
             return _json(409, {"error": message}, {"Retry-After": str(answer.retry_after)})
         if isinstance(answer, Mismatch):
             return _json(422, {"error": "this Idempotency-Key was used with another body"})
         return answer
+
+    async def _take_over(self, store: IdempotencyStore, stale: Stale) -> Claimed | web.Response:
+        """A claim whose process stopped renewing it: answer from its committed receipt, or take it over."""
+        receipts = self.receipts
+        assert receipts is not None
+        deadline = time.monotonic() + self.publisher.publish_timeout
+        try:
+            # One read at a time in the executor (the reader serialises them anyway): take-overs waiting on an
+            # open transaction must not hold every executor thread, which the database calls need.
+            async with asyncio.timeout(self.publisher.publish_timeout):
+                await self._receipt_reads.acquire()
+            try:
+                found = await asyncio.to_thread(receipts.find, stale, max(0.5, deadline - time.monotonic()))
+            finally:
+                self._receipt_reads.release()
+        except Exception as exc:
+            log.warning("Idempotency-Key left by a stopped request: its receipt cannot be looked up: %s", exc)
+            message = "cannot tell yet whether an earlier request with this Idempotency-Key was published; nothing was"
+            return self._unavailable(message + " published: send it again")
+        if found is not None:
+            log.info("Idempotency-Key left by a stopped request: answered from the receipt its transaction committed")
+            try:
+                await self._database_call(lambda: store.settle(stale, found.status, found.response))
+            except Exception:  # the answer stands (its transaction committed); the next retry reads it again
+                log.warning("the answer of a committed receipt could not be kept for its Idempotency-Key")
+            return _replayed(found.status, found.response)
+        try:
+            taken = await self._database_call(lambda: store.take_over(stale))
+        except Exception:
+            return self._unavailable("the idempotency store is unavailable; nothing was published")
+        if taken is None:
+            message = "a request with this Idempotency-Key is in progress; ask again later"
+            return _json(409, {"error": message}, {"Retry-After": "1"})
+        log.info("Idempotency-Key left by a stopped request: no receipt committed; published again")
+        return taken
+
+    def _renew_while(self, claim: Claimed, published: Future[None]) -> None:
+        """Renew the claim's lease until its request's transaction is decided, in a task of its own."""
+        store = self.store
+        assert store is not None
+        loop = asyncio.get_running_loop()
+        decided = asyncio.Event()
+
+        def wake(_future: Future[None]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed first: nothing left to renew from
+                loop.call_soon_threadsafe(decided.set)
+
+        async def renew() -> None:
+            every = store.renew_every.total_seconds()
+            while True:
+                try:
+                    await asyncio.wait_for(decided.wait(), every)
+                    return
+                except TimeoutError:
+                    pass
+                try:
+                    mine = await self._database_call(lambda: store.renew(claim))
+                except Exception:
+                    continue  # said by _database_call; the next renewal may pass
+                if not mine:
+                    if not decided.is_set():  # answered meanwhile is no news; taken over is
+                        log.warning("an Idempotency-Key's claim was taken over while its request waited on its commit")
+                    return
+
+        task = asyncio.create_task(renew())
+        self._renewing.add(task)
+        task.add_done_callback(self._renewing.discard)
+        published.add_done_callback(wake)
 
     async def _release(self, claim: Claimed | None) -> None:
         if claim is not None and self.store is not None:
@@ -243,14 +326,10 @@ class IngestApp:
         try:
             kept = await self._database_call(lambda: store.answered(claim, 202, response))
         except Exception:
-            # Published, and answered 202; only a retry after the lease would publish it again.
-            log.warning("published, but the answer could not be kept for its Idempotency-Key")
+            # Published, and answered 202; a retry after the lease is answered from its receipt.
+            log.warning("published, but the answer could not be kept for its Idempotency-Key (its receipt can)")
             return
-        if not kept:
-            log.error(
-                "published after this request's Idempotency-Key lease ran out and another request took the key "
-                "over: its events may be counted twice (docs/contract.md, idempotency)"
-            )
+        _said(kept)
 
     def _keep_late(self, claim: Claimed, accepted: int, published: Future[None]) -> None:
         """In the publisher's thread, for a request cut off before its answer: keep or release its claim, so a
@@ -260,11 +339,34 @@ class IngestApp:
             return
         try:
             if published.exception() is None:
-                store.answered(claim, 202, orjson.dumps({"accepted": accepted}).decode())
+                _said(store.answered(claim, 202, orjson.dumps({"accepted": accepted}).decode()))
             elif isinstance(published.exception(), Unavailable):
                 store.release(claim)
         except Exception as exc:  # the lease decides instead
             log.warning("the outcome of a request cut off by the shutdown could not be kept: %s", exc)
+
+
+def _replayed(status: int, response: str) -> web.Response:
+    return web.Response(
+        status=status, body=response.encode(), content_type="application/json", headers={"Idempotent-Replayed": "true"}
+    )
+
+
+def _said(kept: str) -> None:
+    """Log what became of a committed request's answer when it was not simply its own claim's."""
+    if kept == "late":
+        log.error(
+            "committed after this request's Idempotency-Key was taken over by another request (this process could "
+            "not renew its claim for a whole lease): its events may be counted twice; its answer is kept "
+            "(docs/contract.md, idempotency)"
+        )
+    elif kept == "answered":
+        log.warning(
+            "committed, but the Idempotency-Key had an answer already (from this request's receipt, or "
+            "another request's publishing)"
+        )
+    elif kept == "lost":
+        log.error("committed, but the answer could not be kept: the Idempotency-Key expired and was used again")
 
 
 async def serve_until(

@@ -10,6 +10,12 @@ Tokens are compared as SHA-256 digests with `hmac.compare_digest`, against every
 token of the file with no early exit, so the time an answer takes says nothing
 about how much of a guess was right, nor which token it was close to. A token
 is never logged; the log names the file and how many tokens it holds.
+
+A header that is not UTF-8 reaches us with its bytes as lone surrogates
+(aiohttp decodes with `surrogateescape`), which a plain `str.encode()` refuses:
+that was a 500 with a traceback per request. Encoded with `surrogatepass`, any
+string digests, and a surrogate matches no token of the file (read as UTF-8
+text), so such a request is the 401 of any wrong token.
 """
 
 from __future__ import annotations
@@ -30,8 +36,13 @@ class TokensUnreadable(OSError):
     """The tokens file cannot be read at start, or holds no token: the server does not start."""
 
 
+def _bytes(text: str) -> bytes:
+    """A token or header as bytes to digest; never raises, whatever came over the wire."""
+    return text.encode("utf-8", "surrogatepass")
+
+
 def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
+    return hashlib.sha256(_bytes(token)).digest()
 
 
 class TokenFile:
@@ -94,4 +105,4 @@ class TokenFile:
     def scope(authorization: str | None) -> str:
         """Whose request this is, for idempotency keys: a digest of the token, never the token."""
         _, _, token = (authorization or "").partition(" ")
-        return hashlib.sha256(token.strip().encode()).hexdigest()[:32]
+        return hashlib.sha256(_bytes(token.strip())).hexdigest()[:32]

@@ -31,6 +31,14 @@ known: answering `503` for a transaction that did commit is the one way this
 could double count. Only a fatal error (the producer fenced by another process
 with the same transactional id, mid-commit) leaves the outcome unknown; such a
 request is answered `500` with `"outcome": "unknown"` (docs/contract.md, HTTP).
+
+A keyed request's submission carries its receipt (receipts.py), produced in the
+same transaction as its events, so that whether it committed can be read back
+from Kafka by a request that takes its key over after a crash. Kafka refuses a
+transaction timeout above the broker's `transaction.max.timeout.ms` (15 min by
+default): `--publish-timeout` + 10 s must stay below it, or `init_transactions`
+fails and every request is answered 503; `transaction_limit_ms` reads the limit
+so that the command line can refuse such a timeout at start.
 """
 
 from __future__ import annotations
@@ -44,13 +52,42 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from skillstats.config import Settings
+from skillstats.ingest.receipts import Receipts, ReceiptsProblem
 from skillstats.kafka import RefusalWatch
 from skillstats.publisher import producer_config
 from skillstats.retry import Outage
 
 log = logging.getLogger(__name__)
+
+# A transaction may stay open this much longer than --publish-timeout (the broker aborts it after that).
+TRANSACTION_MARGIN_S = 10.0
+# Kafka's default transaction.max.timeout.ms: assumed where the broker's own cannot be read.
+KAFKA_DEFAULT_TRANSACTION_MAX_MS = 900_000
+
+
+def transaction_timeout_ms(publish_timeout: float) -> int:
+    return int((publish_timeout + TRANSACTION_MARGIN_S) * 1000)
+
+
+def transaction_limit_ms(settings: Settings, timeout: float) -> int | None:
+    """The broker's `transaction.max.timeout.ms` (the smallest, asking each broker), or None when it cannot be
+    read (Kafka away, or DescribeConfigs not allowed)."""
+    admin = AdminClient(settings.kafka_config())
+    try:
+        brokers = admin.list_topics(timeout=timeout).brokers
+        resources = [ConfigResource(ResourceType.BROKER, str(broker)) for broker in sorted(brokers)]
+        limits = []
+        for future in admin.describe_configs(resources, request_timeout=timeout).values():
+            entry = future.result(timeout).get("transaction.max.timeout.ms")
+            if entry is not None and entry.value is not None:
+                limits.append(int(entry.value))
+        return min(limits) if limits else None
+    except (KafkaException, ValueError) as exc:
+        log.debug("transaction.max.timeout.ms not read: %s", exc)
+        return None
 
 
 class Unavailable(Exception):
@@ -67,6 +104,7 @@ class _Submission:
     timestamp_ms: int
     deadline: float
     future: Future[None] = field(default_factory=Future)
+    receipt: tuple[int, bytes, bytes] | None = None  # (partition, key, value) in the receipts topic
 
 
 class TransactionalPublisher:
@@ -78,11 +116,14 @@ class TransactionalPublisher:
         transactional_id: str,
         publish_timeout: float,
         max_records: int = 100_000,
+        receipts: Receipts | None = None,
     ) -> None:
         self.settings = settings
         self.transactional_id = transactional_id
         self.publish_timeout = publish_timeout
         self.max_records = max_records
+        self.receipts = receipts
+        self._receipts_ready = False
         self.kafka_problem: str | None = "not connected to Kafka yet"
         self.transactions = {"committed": 0, "aborted": 0, "unknown": 0}
         self._queue: queue.Queue[_Submission | None] = queue.Queue()
@@ -93,9 +134,17 @@ class TransactionalPublisher:
         self._thread = threading.Thread(target=self._run, name="ingest-transactions", daemon=True)
         self._thread.start()
 
-    def submit(self, records: Sequence[tuple[bytes, bytes]], timestamp_ms: int) -> Future[None]:
-        """Publish these (key, value) records with this CreateTime, all or none; the Future says which."""
-        submission = _Submission(records, timestamp_ms, time.monotonic() + self.publish_timeout)
+    def submit(
+        self,
+        records: Sequence[tuple[bytes, bytes]],
+        timestamp_ms: int,
+        receipt: tuple[int, bytes, bytes] | None = None,
+    ) -> Future[None]:
+        """Publish these (key, value) records with this CreateTime, all or none, and with them the request's
+        receipt (partition, key, value) when it has one; the Future says which."""
+        if receipt is not None and self.receipts is None:
+            raise ValueError("a receipt for a publisher with no receipts topic")
+        submission = _Submission(records, timestamp_ms, time.monotonic() + self.publish_timeout, receipt=receipt)
         if self._stopping.is_set():
             submission.future.set_exception(Unavailable("shutting down"))
         else:
@@ -182,6 +231,9 @@ class TransactionalPublisher:
             _settle(submission, None)
 
     def _ensure_producer(self, deadline: float) -> Producer:
+        if self.receipts is not None and not self._receipts_ready:
+            self.receipts.ensure_topic(max(0.5, deadline - time.monotonic()))
+            self._receipts_ready = True
         if self._producer is None:
             self._refusals = RefusalWatch()
             producer = Producer(
@@ -189,7 +241,7 @@ class TransactionalPublisher:
                     self.settings,
                     **{
                         "transactional.id": self.transactional_id,
-                        "transaction.timeout.ms": int((self.publish_timeout + 10) * 1000),
+                        "transaction.timeout.ms": transaction_timeout_ms(self.publish_timeout),
                         "linger.ms": 2,
                         "error_cb": self._refusals,
                     },
@@ -198,6 +250,16 @@ class TransactionalPublisher:
             try:
                 # Fences an earlier process with this id and aborts what it left open.
                 producer.init_transactions(max(0.5, deadline - time.monotonic()))
+            except KafkaException as exc:
+                self._refusals.raise_if_refused(self.settings)
+                error = exc.args[0] if exc.args else None
+                if isinstance(error, KafkaError) and error.code() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
+                    raise RuntimeError(
+                        f"the broker refuses a transaction timeout of {transaction_timeout_ms(self.publish_timeout)} "
+                        f"ms (--publish-timeout + {TRANSACTION_MARGIN_S:g} s): its transaction.max.timeout.ms is "
+                        f"lower; lower --publish-timeout or raise that limit"
+                    ) from None
+                raise
             except Exception:
                 self._refusals.raise_if_refused(self.settings)
                 raise
@@ -224,16 +286,31 @@ class TransactionalPublisher:
         try:
             for submission in batch:
                 for key, value in submission.records:
-                    self._produce(producer, key, value, submission.timestamp_ms, deadline)
+                    self._produce(producer, self.settings.topic, None, key, value, submission.timestamp_ms, deadline)
+                if submission.receipt is not None and self.receipts is not None:
+                    partition, key, value = submission.receipt
+                    self._produce(
+                        producer, self.receipts.topic, partition, key, value, submission.timestamp_ms, deadline
+                    )
         except BaseException:
             self._abort(producer)
             raise
         self._commit(producer, deadline)
 
-    def _produce(self, producer: Producer, key: bytes, value: bytes, timestamp_ms: int, deadline: float) -> None:
+    def _produce(
+        self,
+        producer: Producer,
+        topic: str,
+        partition: int | None,
+        key: bytes,
+        value: bytes,
+        timestamp_ms: int,
+        deadline: float,
+    ) -> None:
+        where = {} if partition is None else {"partition": partition}
         while True:
             try:
-                producer.produce(self.settings.topic, value=value, key=key, timestamp=timestamp_ms)
+                producer.produce(topic, value=value, key=key, timestamp=timestamp_ms, **where)
                 return
             except BufferError:  # librdkafka's queue is full: let it drain, within the deadline
                 if time.monotonic() >= deadline:
@@ -274,6 +351,11 @@ class TransactionalPublisher:
         try:
             producer = self._ensure_producer(time.monotonic() + 5.0)
             producer.list_topics(self.settings.topic, timeout=5.0)
+        except ReceiptsProblem as exc:  # Kafka answers, but keyed requests could not be published once-only
+            self._drop_producer()
+            self.kafka_problem = str(exc)
+            self._outage.failed(f"the receipts topic on {self.settings.kafka_bootstrap}", str(exc), 5.0)
+            return
         except Exception as exc:
             self._drop_producer()
             self.kafka_problem = f"Kafka at {self.settings.kafka_bootstrap} does not answer: {exc}"

@@ -1,0 +1,304 @@
+"""Receipts: the Kafka transaction of a keyed request also records its answer, as the evidence a take-over reads.
+
+Why: a keyed request's answer reaches SQL after its transaction committed, and
+some crash always falls between the two (SIGKILL, the OOM killer, a node lost).
+Its claim is then left with no answer, and the request used to be published
+again once the claim's lease ran out: counted twice (issue 27 measured 88 daily
+rows counted twice in one run of four retrying clients and eight SIGKILLs). Now
+every keyed request's transaction also writes one small record to
+`<topic>.ingest-receipts`, ingest's own topic: keyed by the claim's key, holding
+the answer and the key's lifetime (its `expires_at`, which names one use of a
+key). It commits with the events or not at all. A request that finds a claim
+stale (idempotency.py) reads the key's partition of that topic,
+`read_committed`, from the stale claim's time up to the end the partition had
+when it looked: a receipt of this lifetime there is the answer, and nothing is
+published again; none, and the key is taken over and published.
+
+Why a receipt not found means nothing was committed:
+- The stale claim's process stopped renewing its lease a lease ago (the publish
+  timeout twice plus 40 s): whatever it produced is in the log by then.
+- Reading `read_committed` up to the end taken *before* reading (the high
+  watermark, uncommitted records included) cannot pass a transaction that is
+  still open: the last stable offset waits for it, so an open transaction is
+  waited for (up to `--publish-timeout`, then `503` and nothing published),
+  never taken for an aborted one.
+- An aborted transaction (a restart under the same transactional id aborts its
+  predecessor's at once; the broker aborts any other after the transaction
+  timeout, which the lease outlasts) is never handed to a `read_committed`
+  reader, so its request is published again, rightly.
+- A zombie producer of the same transactional id is fenced by its successor's
+  `init_transactions`: it can commit nothing later.
+
+The read starts at the stale claim's time less a minute: the receipt's record
+timestamp is the request's validation time, taken on the same process's clock
+after the claim, so no earlier record can be it (the minute absorbs a clock
+stepped back). The receipt's partition is a function of the key over a fixed
+`RECEIPT_PARTITIONS`, never of the topic's partition count, so that adding
+partitions to the topic cannot hide a receipt.
+
+What it costs: one record of about 200 bytes per keyed request inside its
+transaction, and up to `RECEIPT_PARTITIONS` more partitions in the commit's
+markers; a topic (compacted, and deleted after `--idempotency-hours` + 1 h, so
+a receipt outlives its key); a take-over reads the receipts of its partition
+written since the stale claim (kept per partition in memory, so the retries of
+every request one crash cut off share one read, and a later take-over reads
+only what was written since). One reader per process, one read at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import orjson
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from skillstats.config import Settings
+from skillstats.ingest.idempotency import Claimed, Stale
+from skillstats.kafka import ensure_topics, topic_configs
+
+log = logging.getLogger(__name__)
+
+RECEIPT_PARTITIONS = 6
+SCAN_MARGIN = timedelta(minutes=1)
+# Past this many receipts of a partition in memory (a read over hours of traffic), only the key asked about
+# is kept, and a read for another key starts again.
+_MAX_KEPT = 200_000
+_UNKNOWN_TOPIC = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION})
+
+
+class ReceiptsUnknown(Exception):
+    """Kafka could not tell in time whether a receipt was committed: publish nothing, answer 503."""
+
+
+class ReceiptsProblem(Exception):
+    """The receipts topic cannot be used as it is (missing and not creatable, too few partitions, too short a
+    retention): keyed requests cannot be published once-only, so the server is not ready."""
+
+
+@dataclass(frozen=True)
+class Receipt:
+    status: int
+    response: str
+
+
+@dataclass
+class _Span:
+    """Offsets [low, high) of one partition read to the end, and the newest receipt per key read there (of the
+    key `only` alone, once there were too many to keep)."""
+
+    low: int
+    high: int
+    found: dict[bytes, bytes] = field(default_factory=dict)
+    only: bytes | None = None
+
+
+def receipts_topic(settings: Settings) -> str:
+    return f"{settings.topic}.ingest-receipts"
+
+
+def receipt_partition(key: bytes) -> int:
+    return zlib.crc32(key) % RECEIPT_PARTITIONS
+
+
+def _epoch_ms(moment: datetime) -> int:
+    return int(moment.replace(tzinfo=UTC).timestamp() * 1000)
+
+
+class Receipts:
+    """Writes (as records for the publisher's transactions) and reads the receipts of keyed requests."""
+
+    def __init__(self, settings: Settings, ttl: timedelta) -> None:
+        self.settings = settings
+        self.ttl = ttl
+        self.topic = receipts_topic(settings)
+        self._lock = threading.Lock()
+        self._admin: AdminClient | None = None
+        self._consumer: Consumer | None = None
+        self._spans: dict[int, _Span] = {}
+
+    # ------------------------------------------------------------------ the topic
+
+    def topic_config(self) -> dict[str, str]:
+        retention = self.ttl + timedelta(hours=1)
+        return {
+            # Compaction keeps one receipt per key; deletion forgets a key's receipt after the key itself.
+            "cleanup.policy": "compact,delete",
+            "retention.ms": str(int(retention.total_seconds() * 1000)),
+            "segment.ms": str(3_600_000),  # retention and compaction act on closed segments: close one an hour
+            "message.timestamp.type": "CreateTime",  # the scan's lower bound is the publisher's clock
+        }
+
+    def ensure_topic(self, timeout: float) -> None:
+        """Create the topic if it is missing; raise ReceiptsProblem when it cannot serve."""
+        try:
+            report = ensure_topics(
+                self.settings,
+                {self.topic: RECEIPT_PARTITIONS},
+                configs={self.topic: self.topic_config()},
+                timeout=timeout,
+            )[0]
+        except KafkaException as exc:
+            raise ReceiptsProblem(
+                f"cannot create the receipts topic {self.topic} ({exc.args[0]}): create it ({RECEIPT_PARTITIONS} "
+                f"partitions, cleanup.policy=compact,delete, retention.ms at least --idempotency-hours) or let "
+                f"ingest's principal create it (docs/contract.md, HTTP)"
+            ) from None
+        if report.created:
+            log.info("created the receipts topic %s (%d partitions)", self.topic, report.partitions)
+        if report.partitions < RECEIPT_PARTITIONS:
+            raise ReceiptsProblem(
+                f"the receipts topic {self.topic} has {report.partitions} partition(s); it needs "
+                f"{RECEIPT_PARTITIONS} (kafka-topics.sh --alter --topic {self.topic} --partitions "
+                f"{RECEIPT_PARTITIONS})"
+            )
+        try:
+            retention = int(
+                topic_configs(self.settings, self.topic, ("retention.ms",), timeout).get("retention.ms", -1)
+            )
+        except (KafkaException, ValueError) as exc:
+            log.warning(
+                "cannot read the retention of %s (%s); it must be at least --idempotency-hours", self.topic, exc
+            )
+            return
+        wanted = int(self.ttl.total_seconds() * 1000)
+        if 0 <= retention < wanted:
+            raise ReceiptsProblem(
+                f"the receipts topic {self.topic} keeps records {retention} ms, less than --idempotency-hours "
+                f"({wanted} ms): a receipt would go before its key (kafka-configs.sh --alter --entity-type topics "
+                f"--entity-name {self.topic} --add-config retention.ms={self.topic_config()['retention.ms']})"
+            )
+
+    # ------------------------------------------------------------------ writing
+
+    def record(self, claim: Claimed, status: int, response: str) -> tuple[int, bytes, bytes]:
+        """The receipt of `claim` as (partition, key, value), for its request's transaction."""
+        key = claim.key.encode()
+        value = orjson.dumps(
+            {
+                "v": 1,
+                "expires_at": claim.expires_at.isoformat(),
+                "claimed_at": claim.claimed_at.isoformat(),
+                "status": status,
+                "response": response,
+            }
+        )
+        return receipt_partition(key), key, value
+
+    # ------------------------------------------------------------------ reading
+
+    def find(self, stale: Stale, timeout: float) -> Receipt | None:
+        """The committed receipt of the stale claim's key and lifetime, or None when no transaction committed
+        one (nor can any longer); ReceiptsUnknown when Kafka cannot tell within `timeout`."""
+        deadline = time.monotonic() + timeout
+        key = stale.key.encode()
+        partition = TopicPartition(self.topic, receipt_partition(key))
+        with self._lock:
+            try:
+                end = self._offset(partition, OffsetSpec.latest(), deadline)
+                start = self._offset(
+                    partition, OffsetSpec.for_timestamp(_epoch_ms(stale.claimed_at - SCAN_MARGIN)), deadline
+                )
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if isinstance(error, KafkaError) and error.code() in _UNKNOWN_TOPIC:
+                    log.warning("no receipts topic %s: no receipt was ever written there", self.topic)
+                    return None
+                raise ReceiptsUnknown(f"cannot read the receipts topic {self.topic}: {exc}") from None
+            if start < 0:  # no record as recent as the claim
+                start = end
+            span = self._spans.get(partition.partition)
+            if span is None or not span.low <= start <= span.high or span.only not in (None, key):
+                span = self._spans[partition.partition] = _Span(start, start)
+            if span.high < end:
+                self._read(partition, span, end, key, deadline)
+            value = span.found.get(key)
+        if value is None:
+            return None
+        receipt = orjson.loads(value)
+        if receipt.get("expires_at") != stale.expires_at.isoformat():
+            return None  # an earlier use of the key, which expired
+        return Receipt(int(receipt["status"]), str(receipt["response"]))
+
+    def _offset(self, partition: TopicPartition, spec: OffsetSpec, deadline: float) -> int:
+        if self._admin is None:
+            self._admin = AdminClient(self.settings.kafka_config())
+        while True:
+            left = max(0.5, deadline - time.monotonic())
+            try:
+                # Uncommitted records too: the end taken here must lie past any transaction still open.
+                futures = self._admin.list_offsets(
+                    {partition: spec}, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=left
+                )
+                return int(futures[partition].result(timeout=left).offset)
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if not isinstance(error, KafkaError) or not error.retriable() or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _read(self, partition: TopicPartition, span: _Span, end: int, key: bytes, deadline: float) -> None:
+        """Read `partition` read_committed from `span.high` until its position passes `end`."""
+        consumer = self._reader()
+        consumer.assign([TopicPartition(partition.topic, partition.partition, span.high)])
+        try:
+            while span.high < end:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ReceiptsUnknown(
+                        f"{partition.topic} [{partition.partition}] not read up to offset {end} in time (at "
+                        f"{span.high}): a transaction still open there, or Kafka slow"
+                    )
+                for message in consumer.consume(1000, min(left, 0.5)):
+                    error = message.error()
+                    if error is None:
+                        found = message.key()
+                        if message.partition() != partition.partition or found is None:
+                            continue
+                        if span.only is None or found == span.only:
+                            span.found[found] = message.value() or b"{}"
+                        if span.only is None and len(span.found) > _MAX_KEPT:
+                            mine = span.found.get(key)
+                            span.only, span.found = key, ({} if mine is None else {key: mine})
+                    elif error.code() != KafkaError._PARTITION_EOF:
+                        if error.fatal():
+                            self._drop_reader()
+                            raise ReceiptsUnknown(f"reading {partition.topic}: {error.str()}")
+                        log.debug("reading %s: %s", partition.topic, error.str())
+                # The position, not the offsets of the records handed over: it also passes aborted records and
+                # transaction markers, and it belongs to this assignment alone.
+                position = consumer.position([TopicPartition(partition.topic, partition.partition)])[0].offset
+                if position >= 0:
+                    span.high = max(span.high, position)
+        finally:
+            if self._consumer is not None:
+                self._consumer.unassign()
+
+    def _reader(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = Consumer(
+                self.settings.kafka_config(
+                    **{
+                        "group.id": "skillstats-ingest-receipts",  # never joined, never committed: assign only
+                        "enable.auto.commit": False,
+                        "isolation.level": "read_committed",
+                        "enable.partition.eof": True,
+                        "auto.offset.reset": "earliest",
+                    }
+                )
+            )
+        return self._consumer
+
+    def _drop_reader(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop_reader()
