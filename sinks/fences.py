@@ -314,7 +314,12 @@ class PartitionFences:
                     .where(or_(dlq_replays.c.source_topic == self.topic, dlq_replays.c.source_topic.is_(None)))
                     .values(copy_partition=None, copy_offset=None)
                 )
-                connection.execute(rejected_records.delete().where(rejected_records.c.topic == self.topic))
+                # This group's only: another role's records of the topic are its own to forget, at its own reset.
+                connection.execute(
+                    rejected_records.delete().where(
+                        rejected_records.c.topic == self.topic, rejected_records.c.group_id == self.group_id
+                    )
+                )
             if dropped:  # rows of partitions the topic does not have: written against another topic
                 connection.execute(
                     partition_fences.delete().where(self._mine(), partition_fences.c.partition.in_(list(dropped)))

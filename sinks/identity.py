@@ -27,7 +27,7 @@ restored backup brings back the owner its counts were written by.
 
 from __future__ import annotations
 
-import uuid
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -109,7 +109,7 @@ def claim(engine: Engine, wanted: Owner, now: datetime, recount: Mapping[int, in
                     "topic_id": None,
                     "registered_at": now,
                     "updated_at": now,
-                    "claim_id": new_mark(),
+                    "claim_id": claim_mark(wanted.role, now),
                 }
             ],
         )
@@ -214,19 +214,22 @@ def record(connection: Connection, owner: Owner, now: datetime) -> None:
     values = {"group_id": owner.group_id, "topic": owner.topic, "topic_id": owner.topic_id, "updated_at": now}
     connection.execute(
         dialect.insert(consumers)
-        .values(role=owner.role, registered_at=now, claim_id=new_mark(), **values)
+        .values(role=owner.role, registered_at=now, claim_id=claim_mark(owner.role, now), **values)
         .on_conflict_do_update(index_elements=["role"], set_=values)
     )
 
 
 # Which database counts a group, as its Kafka offset commits carry it (their metadata): MARK_PREFIX and the
-# role's claim_id. Made when a role is first claimed in this database, kept through resets and takeovers (the
-# same counts go on), and carried by a restored backup: a database of its own has a mark of its own.
+# role's claim_id. Derived from the role and the moment it was first claimed in this database, so it is kept
+# through resets and takeovers (the same counts go on), carried by a restored backup (even one from before the
+# column existed: migration 0007 derives it from the same row), and different for a database of its own.
 MARK_PREFIX = "skillstats-database:"
 
 
-def new_mark() -> str:
-    return uuid.uuid4().hex
+def claim_mark(role: str, registered_at: datetime) -> str:
+    """The claim's mark: a digest of the role and its first claim's time (naive UTC, to the microsecond)."""
+    moment = registered_at.replace(tzinfo=None).isoformat(timespec="microseconds")
+    return hashlib.sha256(f"skillstats-claim\0{role}\0{moment}".encode()).hexdigest()[:32]
 
 
 def recorded_mark(engine: Engine, role: str) -> str | None:
@@ -239,15 +242,17 @@ def recorded_mark(engine: Engine, role: str) -> str | None:
 def database_mark(engine: Engine, role: str) -> str:
     """The commit metadata that says this database counts `role`'s group (a mark made now if the row has none)."""
     with engine.begin() as connection:
-        found = connection.execute(select(consumers.c.claim_id).where(consumers.c.role == role)).scalar()
+        row = connection.execute(
+            select(consumers.c.claim_id, consumers.c.registered_at).where(consumers.c.role == role)
+        ).one_or_none()
+        if row is None:
+            raise IdentityMismatch(f"the {role} role is not claimed in this database: nothing to mark")
+        found, registered_at = row
         if found is None:
-            found = new_mark()
+            found = claim_mark(role, registered_at)
             connection.execute(
                 update(consumers).where(consumers.c.role == role, consumers.c.claim_id.is_(None)).values(claim_id=found)
             )
-            found = connection.execute(select(consumers.c.claim_id).where(consumers.c.role == role)).scalar()
-            if found is None:
-                raise IdentityMismatch(f"the {role} role is not claimed in this database: nothing to mark")
     return MARK_PREFIX + found
 
 

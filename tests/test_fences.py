@@ -12,6 +12,7 @@ from skillstats.config import Settings, SettingsError
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.identity import DOCSYNC, WINDOWS, IdentityMismatch, Owner, claim, owner_of, take_over
 from skillstats.sinks.migrate import upgrade
+from skillstats.sinks.schema import consumers
 from skillstats.sinks.upserts import now_utc_naive
 from skillstats.workload import generate
 from tests.helpers import (
@@ -188,3 +189,42 @@ def test_a_reset_or_takeover_onto_the_other_roles_group_names_the_clash(settings
     clash = _reset(settings, "--to", "end", "--role", "windows", group=settings.docsync_group)
     assert clash.returncode == 2 and "cannot also write" in clash.stderr, clash.stdout + clash.stderr
     assert _owner(settings) is None
+
+
+def test_the_database_mark_is_kept_by_resets_takeovers_and_a_backup_from_before_it_existed(tmp_path: Path) -> None:
+    """Issue 27.3: the mark says which database counts a group; its own restored backup must say the same, even a
+    backup from before revision 0007 (the mark is derived from the claim, not drawn at random), and a database of
+    its own must differ."""
+    from alembic import command
+
+    from skillstats.sinks.identity import claim_mark, database_mark, record
+    from skillstats.sinks.migrate import _config
+
+    engine = open_engine(f"sqlite:///{tmp_path}/old.db")
+    config = _config()
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0006")
+    claimed_at = now_utc_naive()
+    with engine.begin() as connection:  # a claim written by a version before the mark existed
+        connection.execute(
+            consumers.insert().values(
+                role=WINDOWS,
+                group_id="g",
+                topic="events",
+                topic_id=None,
+                registered_at=claimed_at,
+                updated_at=claimed_at,
+            )
+        )
+    upgrade(engine)
+    mark = database_mark(engine, WINDOWS)
+    assert mark.endswith(claim_mark(WINDOWS, claimed_at))  # what the running database had computed too
+    with engine.begin() as connection:
+        record(connection, Owner(WINDOWS, "g", "events-2", "id-2"), now_utc_naive())  # a reset to a new topic
+    take_over(engine, WINDOWS, "g", "g-v2", now_utc_naive())
+    assert database_mark(engine, WINDOWS) == mark
+    other = open_engine(f"sqlite:///{tmp_path}/other.db")
+    upgrade(other)
+    claim(other, Owner(WINDOWS, "g", "events", None), now_utc_naive())
+    assert database_mark(other, WINDOWS) != mark

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import socket
 import subprocess
+import tarfile
 import time
 import uuid
 from collections import Counter
@@ -167,3 +170,177 @@ def test_the_kafka_transport_recovers_when_kafka_comes_back_and_loses_nothing_af
         + [f"many-{i}" for i in range(200)]
     )
     assert written == expected
+
+
+REPO = CLIENT.parent.parent
+INSTALL_README = CLIENT / "README.md"
+
+
+def install_block(readme: Path) -> str:
+    """The README's install steps: its ```sh block that runs `npm pack`."""
+    blocks = re.findall(r"^```sh\n(.*?)^```$", readme.read_text(), re.S | re.M)
+    found = [block for block in blocks if re.search(r"^npm pack\b", block, re.M)]
+    assert len(found) == 1, f"{readme}: {len(found)} sh blocks that run npm pack (want one: the install steps)"
+    return found[0]
+
+
+def test_both_readmes_give_the_same_install_steps() -> None:
+    assert install_block(REPO / "README.md") == install_block(INSTALL_README)
+
+
+# Run in the fresh project after the README's steps, without kafkajs; argv[2]: a loopback port nothing listens on.
+NO_KAFKAJS = r"""
+import { createServer } from "node:http";
+import * as client from "@skillstats/client";
+
+const { HttpPublisher, PublishFailed, download } = client;
+const out = {};
+const thrown = (make) => {
+  try {
+    make();
+    return null;
+  } catch (error) {
+    return `${error.name}: ${error.message}`;
+  }
+};
+out.noUrl = thrown(() => new HttpPublisher({ token: "t" }));
+out.unsetUrl = thrown(() => new HttpPublisher({ url: process.env.SKILLSTATS_SURELY_UNSET, token: "t" }));
+out.badUrl = thrown(() => new HttpPublisher({ url: "ingest:9320", token: "t" }));
+out.noToken = thrown(() => new HttpPublisher({ url: "http://127.0.0.1:9320" }));
+out.emptyToken = thrown(() => new HttpPublisher({ url: "http://127.0.0.1:9320", token: "" }));
+
+// The base address and the curl example's address, to a stand-in server: which path each request went to.
+const paths = [];
+const stand = createServer((request, response) => {
+  paths.push(request.url);
+  request.resume();
+  request.on("end", () => {
+    response.writeHead(202, { "Content-Type": "application/json" });
+    response.end('{"accepted":1}');
+  });
+});
+await new Promise((resolve) => stand.listen(0, "127.0.0.1", resolve));
+const base = `http://127.0.0.1:${stand.address().port}`;
+for (const url of [base, `${base}/v1/events`, `${base}/v1/events/`]) {
+  const publisher = new HttpPublisher({ url, token: "t", lingerMs: 0 });
+  await publisher.publish(download("sk_1"));
+  await publisher.close();
+}
+await new Promise((resolve) => stand.close(resolve));
+out.paths = paths;
+
+const closed = `http://127.0.0.1:${process.argv[2]}/v1/events`;
+const publisher = new HttpPublisher({ url: closed, token: "t", lingerMs: 0, maxAttempts: 2, baseDelayMs: 1 });
+try {
+  await publisher.publish(download("sk_1"));
+  out.refused = null;
+} catch (error) {
+  out.refused = { name: error.name, message: error.message, publishFailed: typeof PublishFailed === "function" && error instanceof PublishFailed };
+}
+try {
+  await import("@skillstats/client/kafka");
+  out.kafka = null;
+} catch (error) {
+  out.kafka = `${error.code}: ${error.message}`;
+}
+console.log(JSON.stringify(out));
+"""
+
+# After `npm install kafkajs`: the Kafka entry imports and makes a publisher (no connection: none is made before
+# the first publish).
+WITH_KAFKAJS = r"""
+import { KafkaPublisher } from "@skillstats/client/kafka";
+const kafka = new KafkaPublisher({ brokers: ["127.0.0.1:9"] });
+await kafka.close();
+console.log(JSON.stringify({ topic: kafka.topic }));
+"""
+
+# Type-checked in the fresh project: the package's types resolve by name, for both entries.
+CONSUMER_TS = """
+import { download, HttpPublisher, PublishFailed, type StatEvent } from "@skillstats/client";
+import { KafkaPublisher } from "@skillstats/client/kafka";
+
+const event: StatEvent = download("sk_1");
+const http = new HttpPublisher({ url: "http://ingest:9320", token: null });
+// @ts-expect-error: token is required (null for a server started with --no-auth)
+new HttpPublisher({ url: "http://ingest:9320" });
+const kafka = new KafkaPublisher({ brokers: ["kafka:9092"] });
+export const used: unknown[] = [event, http.url, kafka.topic, PublishFailed];
+"""
+
+
+def test_the_readmes_install_steps_install_a_package_that_imports_by_name_and_fails_clearly(tmp_path: Path) -> None:
+    """The client README's install block, run as written: `npm ci` and `npm pack` in a copy of clients/typescript
+    (what a checkout holds: no node_modules, no dist), `npm install <tarball>` in a fresh project beside it, then
+    node scripts there that import the package by name. npm is told to prefer its cache (npm_config_prefer_offline):
+    the lock's packages and kafkajs are there after the test command's own `npm ci`, else the registry is asked."""
+    steps = install_block(INSTALL_README)
+    before, kafkajs_line, after = steps.partition("npm install kafkajs")
+    assert kafkajs_line and before.endswith("\n"), "the install block's last step installs kafkajs"
+    checkout = tmp_path / "skillstats"
+    shutil.copytree(
+        CLIENT, checkout / "clients" / "typescript", ignore=shutil.ignore_patterns("node_modules", "dist", "*.tgz")
+    )
+    app = tmp_path / "your-app"
+    app.mkdir()
+    (app / "package.json").write_text(json.dumps({"name": "your-app", "private": True, "type": "module"}))
+    env = {
+        **os.environ,
+        "npm_config_prefer_offline": "true",
+        "npm_config_audit": "false",
+        "npm_config_fund": "false",
+        "npm_config_update_notifier": "false",
+    }
+
+    def bash(script: str, cwd: Path) -> str:
+        result = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env,
+                                capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert result.returncode == 0, f"{script}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        return result.stdout
+
+    def node(script: str, *args: str) -> Any:
+        (app / "check.mjs").write_text(script)
+        result = subprocess.run(["node", "check.mjs", *args], cwd=app, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    # Everything up to kafkajs, from the checkout's top; the steps end in the project (printed by pwd).
+    assert bash(before + "pwd\n", checkout).strip().splitlines()[-1] == str(app)
+
+    tarballs = list((checkout / "clients" / "typescript").glob("*.tgz"))
+    assert [t.name for t in tarballs] == ["skillstats-client-0.1.0.tgz"], tarballs
+    with tarfile.open(tarballs[0]) as packed:
+        shipped = set(packed.getnames())
+    for entry in ("index", "http", "contract", "kafka"):
+        assert {f"package/dist/src/{entry}.js", f"package/dist/src/{entry}.d.ts"} <= shipped, sorted(shipped)
+    assert not any("/test/" in name or (name.endswith(".ts") and not name.endswith(".d.ts")) for name in shipped)
+    manifest = json.loads((app / "node_modules" / "@skillstats" / "client" / "package.json").read_text())
+    assert "dependencies" not in manifest and manifest["peerDependenciesMeta"]["kafkajs"]["optional"] is True
+    assert not (app / "node_modules" / "kafkajs").exists()
+
+    with socket.socket() as closed:  # bound, never listening: a connection to it is refused
+        closed.bind(("127.0.0.1", 0))
+        out = node(NO_KAFKAJS, str(closed.getsockname()[1]))
+        port = closed.getsockname()[1]
+    for case in ("noUrl", "unsetUrl", "badUrl"):
+        assert out[case] and out[case].startswith("TypeError: HttpPublisher: options.url "), out
+        assert "base address" in out[case], out
+    for case in ("noToken", "emptyToken"):
+        assert out[case] and out[case].startswith("TypeError: HttpPublisher: options.token is missing"), out
+        assert "--no-auth" in out[case], out
+    assert out["paths"] == ["/v1/events"] * 3  # the base address and the curl example's: the same endpoint
+    assert out["refused"]["name"] == "PublishFailed" and out["refused"]["publishFailed"], out
+    message = out["refused"]["message"]
+    assert f"http://127.0.0.1:{port}/v1/events after 2 attempt(s)" in message and "ECONNREFUSED" in message, message
+    assert out["kafka"].startswith("ERR_MODULE_NOT_FOUND") and "'kafkajs'" in out["kafka"], out
+
+    bash(kafkajs_line + after, app)
+    assert node(WITH_KAFKAJS) == {"topic": "skill-stat-events"}
+    (app / "consumer.ts").write_text(CONSUMER_TS)
+    (app / "tsconfig.json").write_text(json.dumps({"compilerOptions": {
+        "module": "NodeNext", "moduleResolution": "NodeNext", "target": "ES2022", "lib": ["ES2022", "DOM"],
+        "types": [], "strict": True, "noEmit": True, "skipLibCheck": True,
+    }, "files": ["consumer.ts"]}))  # fmt: skip
+    tsc = checkout / "clients" / "typescript" / "node_modules" / "typescript" / "bin" / "tsc"
+    checked = subprocess.run(["node", str(tsc), "-p", "."], cwd=app, capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]

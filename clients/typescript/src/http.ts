@@ -16,15 +16,23 @@
  * new request each time. 503 (nothing of it counted), 409 (its key still in flight), 429 and network
  * errors are retried with capped, jittered backoff, honouring Retry-After; every other status is final and
  * rejects the events of that request (400 lists each invalid one: a bug in the caller, not a condition).
+ * A request that never got an answer (refused, unreachable, timed out), after its last attempt, rejects its
+ * events with PublishFailed, which names the URL it tried.
+ *
+ * `url` and `token` are checked at construction: a missing or malformed one throws there, not at the first
+ * publish (the usual cause: an environment variable that is not set, read with `process.env.X!`).
  */
 
 import { assertValid, type StatEvent } from "./contract.js";
 
 export interface HttpPublisherOptions {
-  /** The server, e.g. "https://ingest.internal:9320" (the path /v1/events is added). */
+  /**
+   * The server's base address, e.g. "https://ingest.internal:9320" (or with a path prefix, behind a proxy): the
+   * path /v1/events is added. An address already ending in /v1/events is taken as the same endpoint.
+   */
   url: string;
-  /** A bearer token from the server's tokens file; omit only for a server started with --no-auth. */
-  token?: string;
+  /** A bearer token from the server's tokens file, or null for a server started with --no-auth. */
+  token: string | null;
   /** Events per request (default 500; the server takes up to its --max-events, 10,000 by default). */
   batchSize?: number;
   /** How long the first event of a batch waits for company, in ms (default 50; 0 sends at once). */
@@ -42,15 +50,71 @@ export interface HttpPublisherOptions {
   fetch?: typeof globalThis.fetch;
 }
 
-/** The server refused a request for good (not retried): its status and what it said. */
+/**
+ * The server refused a request (for good, or a retried status on the last attempt): its status, what it said
+ * (null when the body was not JSON) and the URL it was sent to.
+ */
 export class PublishRefused extends Error {
   constructor(
     readonly status: number,
     readonly body: unknown,
+    readonly url: string = "",
   ) {
-    super(`skillstats ingest answered ${status}: ${JSON.stringify(body)}`);
+    super(`skillstats ingest${url === "" ? "" : ` at ${url}`} answered ${status}: ${JSON.stringify(body)}`);
     this.name = "PublishRefused";
   }
+}
+
+/**
+ * No answer to a request after its last attempt (connection refused, host unreachable, a timeout): the URL it
+ * tried, the number of attempts, and the last error as `cause`. Whether the server published it is not
+ * known; the same events in the same request, sent again, are answered as before, not published twice.
+ */
+export class PublishFailed extends Error {
+  constructor(
+    readonly url: string,
+    readonly attempts: number,
+    cause: unknown,
+  ) {
+    super(`no answer from skillstats ingest at ${url} after ${attempts} attempt(s): ${describe(cause)}`, { cause });
+    this.name = "PublishFailed";
+  }
+}
+
+/** An error and the causes under it: fetch's own message ("fetch failed") hides the reason in `cause`. */
+function describe(error: unknown): string {
+  const parts: string[] = [];
+  for (let at: unknown = error; at !== undefined && at !== null && parts.length < 4; ) {
+    const message = at instanceof Error ? at.message : String(at);
+    if (message !== "" && !parts.includes(message)) {
+      parts.push(message);
+    }
+    at = at instanceof Error ? at.cause : undefined;
+  }
+  return parts.join(": ") || "unknown error";
+}
+
+/** The endpoint for `url` (its base address), or a TypeError saying what is wrong with it. */
+export function endpoint(url: unknown): string {
+  const hint = 'give skillstats ingest\'s base address, e.g. "http://ingest:9320"';
+  if (typeof url !== "string" || url.trim() === "") {
+    const got = typeof url === "string" ? "an empty string" : String(url);
+    throw new TypeError(`HttpPublisher: options.url is missing (${got}): ${hint}`);
+  }
+  let parsed: URL;
+  try {
+    parsed = new URL(url.trim());
+  } catch {
+    throw new TypeError(`HttpPublisher: options.url ${JSON.stringify(url)} is not a URL: ${hint}`);
+  }
+  if (parsed.protocol !== "http:" && parsed.protocol !== "https:") {
+    throw new TypeError(`HttpPublisher: options.url ${JSON.stringify(url)} is not http(s): ${hint}`);
+  }
+  if (parsed.search !== "" || parsed.hash !== "") {
+    throw new TypeError(`HttpPublisher: options.url ${JSON.stringify(url)} has a query or fragment: ${hint}`);
+  }
+  parsed.pathname = parsed.pathname.replace(/\/+$/, "").replace(/\/v1\/events$/, "") + "/v1/events";
+  return parsed.href;
 }
 
 interface Pending {
@@ -62,7 +126,8 @@ interface Pending {
 const RETRIED = new Set([409, 429, 502, 503, 504]);
 
 export class HttpPublisher {
-  readonly #url: string;
+  /** Where requests go: the base address given, with /v1/events. */
+  readonly url: string;
   readonly #headers: Record<string, string>;
   readonly #batchSize: number;
   readonly #lingerMs: number;
@@ -82,10 +147,20 @@ export class HttpPublisher {
   attempts = 0;
 
   constructor(options: HttpPublisherOptions) {
-    this.#url = options.url.replace(/\/+$/, "") + "/v1/events";
+    if (typeof options !== "object" || options === null) {
+      throw new TypeError("HttpPublisher: options { url, token } are missing");
+    }
+    this.url = endpoint(options.url);
     this.#headers = { "Content-Type": "application/x-ndjson" };
-    if (options.token !== undefined) {
-      this.#headers.Authorization = `Bearer ${options.token}`;
+    const token: unknown = options.token;
+    if (typeof token === "string" && token.trim() !== "") {
+      this.#headers.Authorization = `Bearer ${token}`;
+    } else if (token !== null) {
+      const got = typeof token === "string" ? "an empty string" : String(token);
+      throw new TypeError(
+        `HttpPublisher: options.token is missing (${got}): give a bearer token from the server's tokens file, ` +
+          "or token: null for a server started with --no-auth",
+      );
     }
     this.#batchSize = options.batchSize ?? 500;
     this.#lingerMs = options.lingerMs ?? 50;
@@ -173,7 +248,7 @@ export class HttpPublisher {
       let retryAfterMs: number | undefined;
       try {
         this.attempts++;
-        const response = await this.#fetch(this.#url, {
+        const response = await this.#fetch(this.url, {
           method: "POST",
           headers,
           body,
@@ -187,17 +262,20 @@ export class HttpPublisher {
           return;
         }
         if (!RETRIED.has(response.status)) {
-          const refused = new PublishRefused(response.status, answer);
+          const refused = new PublishRefused(response.status, answer, this.url);
           for (const pending of batch) {
             pending.reject(refused);
           }
           return;
         }
-        lastError = new PublishRefused(response.status, answer);
+        lastError = new PublishRefused(response.status, answer, this.url);
         const header = Number(response.headers.get("Retry-After"));
         retryAfterMs = Number.isFinite(header) && header > 0 ? header * 1000 : undefined;
       } catch (error) {
-        lastError = error; // the network, or a timeout: the outcome is not known, the key makes a retry safe
+        lastError = new PublishFailed(this.url, attempt + 1, error); // not known: the key makes a retry safe
+      }
+      if (attempt + 1 === this.#maxAttempts) {
+        break; // no wait after the last attempt
       }
       const backoff = Math.min(this.#maxDelayMs, this.#baseDelayMs * 2 ** attempt) * (0.5 + Math.random() / 2);
       await new Promise((resolve) => setTimeout(resolve, Math.max(backoff, retryAfterMs ?? 0)));

@@ -9,4 +9,4 @@
  */
 
 export * from "./contract.js";
-export { HttpPublisher, PublishRefused, type HttpPublisherOptions } from "./http.js";
+export { HttpPublisher, PublishFailed, PublishRefused, type HttpPublisherOptions } from "./http.js";

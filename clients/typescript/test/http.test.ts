@@ -5,7 +5,7 @@ import type { AddressInfo } from "node:net";
 import { test } from "node:test";
 
 import { download, HttpPublisher, InvalidEvent, PublishRefused } from "../src/index.js";
-import { bodyKey } from "../src/http.js";
+import { bodyKey, endpoint } from "../src/http.js";
 
 type Handler = (request: IncomingMessage, body: string, response: ServerResponse) => void;
 
@@ -51,7 +51,7 @@ test("a refusal is final: 400 rejects the batch's events without a retry", async
     requests++;
     answer(response, 400, { error: "1 invalid event(s)", rejected: [{ line: 1, reason: "bad_field" }] });
   });
-  const publisher = new HttpPublisher({ url: stand.url, lingerMs: 0 });
+  const publisher = new HttpPublisher({ url: stand.url, token: null, lingerMs: 0 });
   await assert.rejects(publisher.publish(download("a")), (error: unknown) => {
     assert.ok(error instanceof PublishRefused);
     assert.equal(error.status, 400);
@@ -65,6 +65,7 @@ test("an invalid event throws before anything is sent", async () => {
   let calls = 0;
   const publisher = new HttpPublisher({
     url: "http://127.0.0.1:1",
+    token: null,
     fetch: async () => {
       calls++;
       return new Response(null, { status: 202 });
@@ -82,7 +83,7 @@ test("the buffer is bounded: publish waits for room", async () => {
     sizes.push(body.trim().split("\n").length);
     setTimeout(() => answer(response, 202, { accepted: 1 }), 20);
   });
-  const publisher = new HttpPublisher({ url: stand.url, batchSize: 5, maxBuffered: 10, lingerMs: 1000 });
+  const publisher = new HttpPublisher({ url: stand.url, token: null, batchSize: 5, maxBuffered: 10, lingerMs: 1000 });
   const sent = [];
   let most = 0;
   for (let i = 0; i < 60; i++) {
@@ -105,7 +106,7 @@ test("the same events sent again by a new publisher carry the same Idempotency-K
   });
   const event = () => download("sk_1", { eventId: "ev-1", occurredAt: 1_700_000_000_000 });
   for (const chosen of [event(), event(), download("sk_1", { eventId: "ev-2", occurredAt: 1_700_000_000_000 })]) {
-    const publisher = new HttpPublisher({ url: stand.url, lingerMs: 0 }); // a function run again: a new publisher
+    const publisher = new HttpPublisher({ url: stand.url, token: null, lingerMs: 0 }); // a function run again: a new publisher
     await publisher.publish(chosen);
     await publisher.close();
   }
@@ -122,9 +123,24 @@ test("a failure before any request went out rejects the events instead of leavin
   const real = Object.getOwnPropertyDescriptor(globalThis, "crypto");
   Object.defineProperty(globalThis, "crypto", { value: undefined, configurable: true }); // a runtime without WebCrypto
   try {
-    const publisher = new HttpPublisher({ url: "http://127.0.0.1:1", lingerMs: 0 });
+    const publisher = new HttpPublisher({ url: "http://127.0.0.1:1", token: null, lingerMs: 0 });
     await assert.rejects(publisher.publish(event), TypeError);
   } finally {
     Object.defineProperty(globalThis, "crypto", real!);
+  }
+});
+
+test("url is the base address: /v1/events is added once, whatever the address ends with", () => {
+  for (const [url, expected] of [
+    ["http://127.0.0.1:9320", "http://127.0.0.1:9320/v1/events"],
+    ["http://127.0.0.1:9320/", "http://127.0.0.1:9320/v1/events"],
+    ["http://127.0.0.1:9320/v1/events", "http://127.0.0.1:9320/v1/events"], // the curl example's address
+    ["https://gw.internal/stats/v1/events/", "https://gw.internal/stats/v1/events"],
+    ["https://gw.internal/stats", "https://gw.internal/stats/v1/events"],
+  ] as const) {
+    assert.equal(endpoint(url), expected, url);
+  }
+  for (const url of [undefined, "", "  ", "ingest:9320/x", "127.0.0.1:9320", "ftp://h/", "http://h/?a=1"]) {
+    assert.throws(() => endpoint(url), /options\.url .*base address, e\.g\./, String(url));
   }
 });
