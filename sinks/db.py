@@ -6,29 +6,45 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
 
 CONNECT_TIMEOUT_S = 10
 STATEMENT_TIMEOUT_S = 120
 LOCK_TIMEOUT_S = 60
 
+# Said after every database URL that cannot work, so the fix is named where the problem is.
+_URL_FORMS = (
+    "check SKILLSTATS_DATABASE_URL (--database-url): postgresql://user:pass@host/db, or sqlite:////abs/path.db "
+    "(four slashes; sqlite:///relative/path.db is relative to the current directory)"
+)
+
+
+class DatabaseUrlError(ValueError):
+    """A database URL that cannot work as written: a setting to fix, never worth retrying (the CLI exits 2).
+
+    A ValueError, so the callers that stop at a URL that cannot be (skillstats/startup.py) keep stopping."""
+
 
 def open_engine(url: str, *, lock_timeout_s: float = LOCK_TIMEOUT_S, **kwargs: Any) -> Engine:
-    """An engine for `url`; `postgresql://` means psycopg 3, `sqlite:///path` a local file."""
-    parsed = make_url(url)
+    """An engine for `url`; `postgresql://` means psycopg 3, `sqlite:///path` a local file.
+
+    Connects to nothing (so creates no SQLite file): a URL that cannot work (unparsable, another database, a
+    SQLite path in a directory that does not exist or naming a directory) is DatabaseUrlError here, at once."""
+    parsed = parse_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() == "sqlite":
         path = sqlite_path(url)
         if path is not None and not path.parent.is_dir():
-            raise ValueError(
-                f"cannot open the SQLite database {path}: the directory {path.parent} does not exist "
-                f"(sqlite:///relative/path.db is relative to the current directory; an absolute path takes four "
-                f"slashes: sqlite:////var/lib/skillstats/stats.db)"
+            raise DatabaseUrlError(
+                f"cannot open the SQLite database {path}: the directory {path.parent} does not exist; {_URL_FORMS}"
             )
+        if path is not None and path.is_dir():
+            raise DatabaseUrlError(f"cannot open the SQLite database {path}: it is a directory; {_URL_FORMS}")
         return _sqlite_engine(parsed, lock_timeout_s, **kwargs)
     if parsed.get_backend_name() != "postgresql":
-        raise ValueError(f"unsupported database {parsed.get_backend_name()!r}: use postgresql:// or sqlite:///")
+        raise DatabaseUrlError(f"unsupported database {parsed.get_backend_name()!r}; {_URL_FORMS}")
     # Bounded waits, so a hung database becomes an error the retry loop sees (and the
     # worker reports degraded) instead of a thread stuck for ever: connecting, any
     # one statement, and waiting for a row lock another worker holds.
@@ -39,9 +55,17 @@ def open_engine(url: str, *, lock_timeout_s: float = LOCK_TIMEOUT_S, **kwargs: A
     return create_engine(parsed, pool_pre_ping=True, connect_args=connect_args, **kwargs)
 
 
+def parse_url(url: str) -> URL:
+    """`url` parsed; DatabaseUrlError (without the URL, which may hold a password) when it is not a URL."""
+    try:
+        return make_url(url)
+    except ArgumentError:
+        raise DatabaseUrlError(f"the database URL is not a URL; {_URL_FORMS}") from None
+
+
 def sqlite_path(url: str) -> Path | None:
     """The absolute file a sqlite:/// URL names (None for another database or an in-memory one)."""
-    parsed = make_url(url)
+    parsed = parse_url(url)
     if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
         return None
     return Path(parsed.database).resolve()

@@ -177,8 +177,31 @@ class DocApplyOutcome:
         self.unknown_skill_events += other.unknown_skill_events
 
 
+class EmptyRegistry(Exception):
+    """The `skills` table has no rows: a drain would skip every event it reads, for good.
+
+    An event for a skill with no row is skipped and its offset passed (the rule for
+    deleted skills, docs/contract.md), so a first drain run before the registry's rows
+    exist loses every event it reads from these columns. An operator's decision, not
+    a failure to retry: docsync refuses (exit 2) unless told --allow-empty-registry.
+    """
+
+    def __init__(self, database: str) -> None:
+        super().__init__(
+            f"the `skills` table of {database} has no rows: every event would be for a skill with no row and be "
+            f"skipped for good (the rule for deleted skills), so this drain read and applied nothing. Create the "
+            f"registry's rows first (INSERT INTO skills(id, owner_id) VALUES ('sk_1', 'user_1'), ...; "
+            f"`skillstats init --demo-registry` for the demo's skills), or pass --allow-empty-registry to drain anyway"
+        )
+
+
 class DocStatsSink(PartitionFences):
     """Applies whole-partition deltas to `skills` and `user_skill_stats` behind the fences."""
+
+    def registry_is_empty(self) -> bool:
+        """Whether `skills` has no row at all (see EmptyRegistry); one indexed read of at most one row."""
+        with self.engine.connect() as connection:
+            return connection.execute(select(skills.c.id).limit(1)).first() is None
 
     def apply_partitions(self, drained: Sequence[PartitionDeltas], *, one_by_one: bool = False) -> DocApplyOutcome:
         """One transaction: the partitions' deltas and their fences, each only if its fence is unmoved.

@@ -28,6 +28,7 @@ restored backup brings back the owner its counts were written by.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -224,12 +225,32 @@ def record(connection: Connection, owner: Owner, now: datetime) -> None:
 # through resets and takeovers (the same counts go on), carried by a restored backup (even one from before the
 # column existed: migration 0007 derives it from the same row), and different for a database of its own.
 MARK_PREFIX = "skillstats-database:"
+_MARK_PATTERN = re.compile(re.escape(MARK_PREFIX) + "[0-9a-f]{32}")
 
 
 def claim_mark(role: str, registered_at: datetime) -> str:
     """The claim's mark: a digest of the role and its first claim's time (naive UTC, to the microsecond)."""
     moment = registered_at.replace(tzinfo=None).isoformat(timespec="microseconds")
     return hashlib.sha256(f"skillstats-claim\0{role}\0{moment}".encode()).hexdigest()[:32]
+
+
+def commit_metadata_for(mark: str) -> str:
+    """The offset-commit metadata that carries `mark`: the mark and a NUL.
+
+    librdkafka (confluent-kafka, which docsync, `status` and the operator's tools
+    read commits with) hands metadata to Python as a C string: metadata written
+    without a terminating NUL (as aiokafka, the windows worker's client, writes it)
+    is read past its end, with junk appended or a decode error, and memory that is
+    not its own touched. confluent-kafka's own commits store the NUL; so the windows
+    worker writes it too, and every commit of ours reads back exactly.
+    """
+    return mark + "\0"
+
+
+def _mark_in(metadata: str) -> str | None:
+    """The mark a commit's metadata carries (None: none of ours), whatever was read past its NUL."""
+    found = _MARK_PATTERN.match(metadata.split("\0", 1)[0])
+    return found.group(0) if found else None
 
 
 def recorded_mark(engine: Engine, role: str) -> str | None:
@@ -258,7 +279,8 @@ def database_mark(engine: Engine, role: str) -> str:
 
 def other_databases(mark: str, committed: Mapping[int, str | None]) -> dict[int, str]:
     """The partitions whose last Kafka commit says another database counts the group (no mark: none says)."""
-    return {p: m for p, m in committed.items() if m and m.startswith(MARK_PREFIX) and m != mark}
+    found = {p: _mark_in(m or "") for p, m in committed.items()}
+    return {p: m for p, m in found.items() if m is not None and m != mark}
 
 
 def another_database_message(group: str, topic: str, mark: str, theirs: Mapping[int, str], bootstrap: str) -> str:

@@ -45,18 +45,27 @@ def upgrade(engine: Engine) -> tuple[str | None, str]:
 
 
 class SchemaOutdated(RuntimeError):
-    """The database is not at the schema this version of skillstats writes."""
+    """The database is not at the schema this version of skillstats writes: `skillstats init` is the fix, so
+    waiting cures nothing (the CLI exits 2)."""
+
+
+class NoDatabase(SchemaOutdated):
+    """The SQLite file the URL names does not exist: `skillstats init` not run yet, or a wrong path."""
 
 
 def require_current(engine: Engine) -> None:
     """Fail early, with the fix in the message, rather than on the first missing table.
 
     A SQLite file that does not exist is not created here (connecting would leave
-    an empty one behind): only `skillstats init` creates the database.
+    an empty one behind): only `skillstats init` creates the database. Costs one
+    stat() and one read of the version table.
     """
     path = sqlite_path(engine.url.render_as_string(hide_password=False))
     if path is not None and not path.exists():
-        raise SchemaOutdated(f"there is no database at {path}: run 'skillstats init' first (it creates it)")
+        raise NoDatabase(
+            f"no database at {path}: run 'skillstats init' (it creates it), or check SKILLSTATS_DATABASE_URL "
+            f"(--database-url)"
+        )
     current, head = current_revision(engine), head_revision()
     if current != head:
         raise SchemaOutdated(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,31 @@ _KAFKA_SECURITY_KEYS = (
 
 class SettingsError(ValueError):
     """The environment's settings contradict themselves or name a file that cannot be read."""
+
+
+# One broker address of a bootstrap list: host:port, [IPv6]:port, optionally with a listener's scheme.
+_BROKER_ADDRESS = re.compile(r"(?:[A-Za-z_]+://)?(?:\[[0-9A-Fa-f:.]+\]|[^\s:/\[\],]+):\d{1,5}")
+
+
+def _check_bootstrap(bootstrap: str) -> None:
+    """SettingsError unless every address of the bootstrap list names its port.
+
+    Kafka clients take a bare host as host:9092, and on a shared machine 9092 may
+    be someone else's broker: `init` would create topics there, `publish` send
+    there. The local scripts take their port from KAFKA_PORT, so the address is
+    said in full (deploy/local/kafka.sh bootstrap prints it). Costs one regular
+    expression match per address, once per Settings.
+    """
+    missing = [address for address in bootstrap.split(",") if not _BROKER_ADDRESS.fullmatch(address.strip())]
+    if missing:
+        named = ", ".join(repr(address.strip()) for address in missing)
+        whole = "" if missing == [bootstrap] else f" (of {bootstrap!r})"
+        raise SettingsError(
+            f"SKILLSTATS_KAFKA_BOOTSTRAP (or --bootstrap): {named}{whole} has no port; give every broker as "
+            f"host:port, e.g. 'kafka-1:9092,kafka-2:9092' (a client would take port 9092, on a shared machine maybe "
+            f"someone else's broker); for the local one: export SKILLSTATS_KAFKA_BOOTSTRAP=$(deploy/local/kafka.sh "
+            f"bootstrap)"
+        )
 
 
 def _env_or_file(env: dict[str, str], name: str) -> str | None:
@@ -85,6 +111,7 @@ class Settings:
                 f"group of its own (their fences are kept per group); set SKILLSTATS_WINDOWS_GROUP and "
                 f"SKILLSTATS_DOCSYNC_GROUP (or --group) to two different names"
             )
+        _check_bootstrap(self.kafka_bootstrap)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -196,30 +223,93 @@ def _url_secrets(url: str) -> list[str]:
     return [form for secret in found if secret for form in dict.fromkeys((secret, unquote_plus(secret)))]
 
 
+# A secret is masked by where it stands, whatever its value: a URL's password (scheme://user:PASSWORD@host,
+# up to the last "@" of the URL, as redact_url reads it) and the value of a password-named setting
+# (password=, sslpassword=, PGPASSWORD=, sasl.password=, ssl.key.password: ..., SKILLSTATS_KAFKA_SASL_PASSWORD=,
+# aiokafka's sasl_plain_password=; quoted or not, as libpq conninfo strings, query strings, librdkafka settings
+# and dict reprs write them; not any name ending in "password", or a traceback's `hide_password=False` would be).
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@?#'\"<>]*:)[^\s?#'\"<>]*@")
+_PASSWORD_VALUE = re.compile(
+    r"(?P<head>(?<![\w.-])(?:sasl\.|sasl_plain_|ssl\.key\.|ssl|pg|skillstats_kafka_sasl_|skillstats_kafka_ssl_key_)?password"
+    r"['\"]?\s*[=:]\s*)"
+    r"(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s'\"&,;()\[\]{}<>]+)",
+    re.IGNORECASE,
+)
+
+
+def _mask_positions(text: str) -> str:
+    """`text` with every URL password and password-named value replaced by ***, known to us or not."""
+    if "://" in text:
+        text = _URL_PASSWORD.sub(r"\g<head>***@", text)
+    if "assword" in text or "ASSWORD" in text:
+        text = _PASSWORD_VALUE.sub(_masked_value, text)
+    return text
+
+
+def _masked_value(match: re.Match[str]) -> str:
+    """The password-named setting of `match` with its value as ***, its quotes kept (so the text reads the same)."""
+    value = match.group(0)[len(match.group("head")) :]
+    quote = value[0] if value[:1] in ("'", '"') else ""
+    return f"{match.group('head')}{quote}***{quote}"
+
+
+def _distinctive(secret: str) -> bool:
+    """A secret that can be masked wherever it appears without garbling ordinary text.
+
+    At least 5 characters mixing two of letters, digits and other characters (`k-456`,
+    `hunter22`), or 16 characters of any kind: such a string does not occur in a message
+    by chance. A plain word (`status`), a number or a shorter string does: replacing it
+    everywhere turned `skillstats status:` into `skill*** ***:`, which garbled every line
+    and gave the password away by elimination.
+    """
+    if len(secret) >= 16:
+        return True
+    classes = (any(c.isalpha() for c in secret), any(c.isdigit() for c in secret), any(not c.isalnum() for c in secret))
+    return len(secret) >= 5 and sum(classes) >= 2
+
+
 def mask(text: str, secrets: list[str]) -> str:
-    """`text` with every secret replaced by ***."""
-    for secret in sorted(secrets, key=len, reverse=True):
+    """`text` with its secrets replaced by ***: by position first, then the distinctive ones anywhere.
+
+    Every URL password and password-named value is masked where it stands,
+    whichever secret it is (so a password that is a common word is masked there
+    and nowhere else); the secrets given that are distinctive (`_distinctive`) are
+    masked wherever they appear too, for a driver or library that prints one bare.
+    What a short or common-word password still costs: printed bare, outside a URL
+    or a `password=` value, it would show. Masking it there would mask every
+    occurrence of the word, and give it away all the same. No library of ours prints
+    a password bare; a password that is a word is guessed from a dictionary anyway.
+    Costs a regular expression pass over text holding "://" or "password", and one
+    `str.replace` per distinctive secret.
+    """
+    text = _mask_positions(text)
+    for secret in sorted((s for s in secrets if _distinctive(s)), key=len, reverse=True):
         text = text.replace(secret, "***")
     return text
 
 
 class MaskSecrets(logging.Filter):
-    """A logging filter that masks the given secrets in every record it passes."""
+    """A logging filter that masks secrets (see `mask`) in every record it passes, tracebacks included.
+
+    It works without any secret given too: URL passwords and password-named values
+    are masked wherever they stand, whoever's they are. Costs each record's message
+    formatted once more (the handler formats it again) and `mask` over it, and a
+    traceback formatted here rather than by the handler.
+    """
 
     def __init__(self, secrets: list[str]) -> None:
         super().__init__()
         self.secrets = [s for s in secrets if s]
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.secrets:
-            message = record.getMessage()
-            masked = mask(message, self.secrets)
-            if record.exc_info and not record.exc_text:
-                record.exc_text = logging.Formatter().formatException(record.exc_info)
-            if record.exc_text:
-                record.exc_text = mask(record.exc_text, self.secrets)
-            if masked != message:
-                record.msg, record.args = masked, None
+        message = record.getMessage()
+        masked = mask(message, self.secrets)
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = mask(record.exc_text, self.secrets)
+        if masked != message:
+            record.msg, record.args = masked, None
         return True
 
 

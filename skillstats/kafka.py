@@ -222,8 +222,9 @@ class TopicMissing(LookupError):
     """The topic a command is set to use does not exist (a typo in a setting, or `skillstats init` not run)."""
 
     def __init__(self, settings: Settings, topic: str) -> None:
+        setting = "SKILLSTATS_DLQ_TOPIC (--dlq-topic)" if topic == settings.dlq_topic else "SKILLSTATS_TOPIC (--topic)"
         super().__init__(
-            f"topic {topic!r} does not exist on {settings.kafka_bootstrap}: check SKILLSTATS_TOPIC (--topic) for a "
+            f"topic {topic!r} does not exist on {settings.kafka_bootstrap}: check {setting} for a "
             f"typo; 'skillstats init' creates it, for a new deployment only"
         )
         self.topic = topic
@@ -461,7 +462,11 @@ def commit_offsets(
     consumer = Consumer(settings.kafka_config(**{"group.id": group, "enable.auto.commit": False}))
     try:
         consumer.commit(
-            offsets=[TopicPartition(topic, p, o, metadata=metadata) for p, o in sorted(offsets.items())],
+            # confluent-kafka takes no None for metadata: leave it out where there is none.
+            offsets=[
+                TopicPartition(topic, p, o) if metadata is None else TopicPartition(topic, p, o, metadata=metadata)
+                for p, o in sorted(offsets.items())
+            ],
             asynchronous=False,
         )
     finally:
@@ -481,12 +486,17 @@ def commit_metadata(
     if partitions is None:
         partitions = partition_count(settings, topic, timeout)
     request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in range(partitions)])
-    answer = admin.list_consumer_group_offsets([request], request_timeout=timeout)[group].result(timeout)
-    return {
-        tp.partition: tp.metadata or ""
-        for tp in answer.topic_partitions
-        if tp.topic == topic and tp.offset >= 0 and tp.error is None
-    }
+    for _attempt in range(3):
+        try:
+            answer = admin.list_consumer_group_offsets([request], request_timeout=timeout)[group].result(timeout)
+            return {
+                tp.partition: tp.metadata or ""
+                for tp in answer.topic_partitions
+                if tp.topic == topic and tp.offset >= 0 and tp.error is None
+            }
+        except UnicodeDecodeError:  # metadata without a NUL, read past its end (sinks/identity.py): ask again
+            continue
+    raise KafkaException(KafkaError(KafkaError._BAD_MSG, f"group {group}: its commits' metadata cannot be read"))
 
 
 def committed_offsets(settings: Settings, group: str, topic: str, timeout: float = FIRST_ANSWER_S) -> dict[int, int]:

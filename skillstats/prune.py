@@ -22,7 +22,9 @@ lowest of:
 - for every required group, its Kafka committed offset, the cursor the spec
   names: a group resumes there, so nothing below it will be read again. A
   partition where a required group has no committed offset is "not ready" and
-  left alone: that group would start from the log start;
+  left alone: that group would start from the log start. An empty partition
+  (no offset between its log start and end) is "empty: no records" whoever
+  read it: there is nothing to delete nor to wait for;
 - for every required group with a SQL fence on the partition, the fence (see
   `_group_bound`).
 
@@ -80,7 +82,7 @@ class PartitionPlan:
 
     @property
     def records(self) -> int:
-        """Records that go (dry run: would go)."""
+        """Offsets that go (dry run: would go): records, and the markers of any Kafka transactions among them."""
         return max(0, self.cutoff - self.low_watermark) if self.cutoff is not None else 0
 
     @property
@@ -165,7 +167,7 @@ def _group_bound(committed: int | None, fence: int | None, keeps_fences: bool) -
     pointed at the old groups) reads that partition again from the log start, so
     the partition is not ready (None).
     """
-    if committed is None or (keeps_fences and not fence):
+    if committed is None or (keeps_fences and fence is None):
         return None
     if fence is not None and fence < committed:
         return fence, "SQL fence"
@@ -202,8 +204,10 @@ def plan(
     for partition, (low, high) in sorted(marks.items()):
         # The offset found may be past the watermark read a moment before, if records arrived since.
         retention = min(high if by_time[partition] < 0 else by_time[partition], high)
-        untouched = all(commits[g].get(partition) is None and fences[g].get(partition) is None for g in required)
-        if high <= low and untouched:  # nothing in the log, and no group ever read it: nothing to wait for
+        past_end = any(
+            (offset or 0) > high for g in required for offset in (commits[g].get(partition), fences[g].get(partition))
+        )
+        if high <= low and not past_end:  # nothing in the log: nothing to delete, nobody to wait for
             result.partitions.append(PartitionPlan(partition, low, high, retention, low, None, "empty: no records"))
             continue
         cutoff, limited_by = retention, RETENTION
@@ -362,11 +366,11 @@ def render(report: Mapping[str, Any], as_json: bool) -> str:
     not_ready = report["not_ready"]
     gone = sum(p["records"] for p in ready if not p["error"])
     if done:
-        lines.append(f"deleted {gone:,} record(s) from {len(ready) - len(failed)} partition(s)")
+        lines.append(f"deleted {gone:,} offset(s) from {len(ready) - len(failed)} partition(s)")
         if failed:
             lines.append(f"FAILED in {len(failed)} partition(s): {', '.join(str(p['partition']) for p in failed)}")
     else:
-        lines.append(f"dry run: {report['records']:,} record(s) in {len(ready)} partition(s) would be deleted")
+        lines.append(f"dry run: {report['records']:,} offset(s) in {len(ready)} partition(s) would be deleted")
     if not_ready:
         lines.append(f"left alone: {len(not_ready)} partition(s) ({', '.join(map(str, not_ready))}), see the reasons")
     hourly = report["hourly"]

@@ -1,37 +1,52 @@
 """`skillstats status`: what an on-call engineer looks at first, on one screen.
 
-Per group: Kafka's view (state, members, committed offsets, lag in records and
+Per group: Kafka's view (state, members, committed offsets, lag in offsets and
 in seconds, measured like the lag-exporter by reading the oldest unconsumed
-record) beside SQL's (the fences, any fence past its log end, offsets lost to
-retention). Then whose counts the database holds (the group and the topic, by
-its Kafka id, of each role) and anything that makes the consumers refuse to
-run, what in the topic's configuration loses events, how fresh the windows
-tables are, the DLQ's size and what was parked last, the last docsync runs, and
-the partitions the last finished drain held back because the database refused
-their deltas (read back from that run's error, sinks/docstats.py).
-Partitions are listed only where something is owed (lag or a fence ahead);
-`--json` has every partition.
+record) beside SQL's (the fences, when they last moved, any fence past its log
+end, offsets lost to retention). Then whose counts the database holds (the
+group and the topic, by its Kafka id, of each role) and anything that makes the
+consumers refuse to run, what in the topic's configuration loses events, how
+fresh the windows tables are, the DLQ's size and what was parked last, the last
+docsync runs, and the partitions the last finished drain held back because the
+database refused their deltas (read back from that run's error,
+sinks/docstats.py). Partitions are listed only where something is owed (lag or
+a fence ahead); `--json` has every partition.
+
+Offsets, not records: a log end, a fence and a lag are offsets, and Kafka
+transactions (ingest, DLQ replays) put a marker at an offset of their own that
+holds no record. So "offsets" where the figure is one.
+
+When Kafka cannot be reached (or refuses who we are), the database still says
+most of what on call needs: each group's fences and when they last moved, the
+owners, offsets lost to retention, how fresh the windows tables are, the last
+docsync runs and what they held back. That is reported, with every Kafka figure
+unknown (None, "Kafka: unreachable" where the lag would be), and the CLI exits
+1 with the reason on stderr. It costs one metadata request before the
+measurement: the topic is asked for first, so an unreachable broker is known
+after one first-answer timeout and a missing topic is TopicMissing (exit 2).
 """
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Engine, func, select
 
-from skillstats.config import Settings, redact_url
+from skillstats.config import FIRST_ANSWER_S, Settings, mask, redact_url
 from skillstats.dlq_admin import newest_parked
 from skillstats.kafka import (
     CLEANUP_POLICY,
     TIMESTAMP_TYPE,
+    KafkaUnreachable,
     TopicIds,
     commit_metadata,
+    partition_count,
     topic_config_problems,
     topic_configs,
 )
-from skillstats.lag import groups_of, measure_lag
+from skillstats.lag import LagSnapshot, groups_of, measure_lag
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.docstats import held_from_error
 from skillstats.sinks.fences import PartitionFences
@@ -45,7 +60,9 @@ from skillstats.sinks.identity import (
     recorded_mark,
 )
 from skillstats.sinks.migrate import require_current
-from skillstats.sinks.schema import docsync_runs, skill_hourly_stats
+from skillstats.sinks.schema import docsync_runs, partition_fences, skill_hourly_stats
+
+UNREACHABLE = "Kafka: unreachable"  # where a figure only Kafka knows would be
 
 
 def _iso(moment: datetime | float | None) -> str | None:
@@ -75,6 +92,19 @@ def windows_freshness(engine: Any) -> dict[str, str | None]:
     return {"newest_hour": _iso(newest), "last_written": _iso(updated)}
 
 
+def fences_moved_at(engine: Any, group: str, topic: str) -> str | None:
+    """When the group last moved (or reset) one of its fences on `topic`: its last SQL commit there.
+
+    One aggregate over the group's fence rows (a handful per partition count)."""
+    with engine.connect() as connection:
+        moved = connection.execute(
+            select(func.max(partition_fences.c.updated_at)).where(
+                partition_fences.c.group_id == group, partition_fences.c.topic == topic
+            )
+        ).scalar()
+    return _iso(moved)
+
+
 def held_back(group: str, runs: list[dict[str, Any]], fences: dict[int, int]) -> list[dict[str, Any]]:
     """The partitions the newest finished docsync run held back (`runs` newest first) whose fence is still
     where it held them: a drain since that applied one has moved its fence."""
@@ -96,8 +126,9 @@ def held_back(group: str, runs: list[dict[str, Any]], fences: dict[int, int]) ->
     ]
 
 
-def identity_problem(recorded: Owner | None, group: str, role: str, topic: str, topic_id: str) -> str | None:
-    """Why `group` would be refused its role's tables now (None: it would not), in the consumers' own words."""
+def identity_problem(recorded: Owner | None, group: str, role: str, topic: str, topic_id: str | None) -> str | None:
+    """Why `group` would be refused its role's tables now (None: it would not), in the consumers' own words.
+    Without the topic's id (Kafka unreachable) only the group's and the topic's names are compared."""
     try:
         mismatch(recorded, Owner(role, group, topic, topic_id))
     except IdentityMismatch as exc:
@@ -105,38 +136,134 @@ def identity_problem(recorded: Owner | None, group: str, role: str, topic: str, 
     return None
 
 
-def database_problem(settings: Settings, engine: Engine, owner: Owner | None, group: str) -> str | None:
+def database_problem(
+    settings: Settings, engine: Engine, owner: Owner | None, group: str, timeout: float = FIRST_ANSWER_S
+) -> str | None:
     """Why `group` would be refused because its Kafka commits carry another database's mark (None: they do
     not), as the consumers say it (skillstats/positions.py)."""
     mark = recorded_mark(engine, owner.role) if owner is not None and owner.group_id == group else None
     if mark is None:
         return None
-    theirs = other_databases(mark, commit_metadata(settings, group, settings.topic))
+    theirs = other_databases(mark, commit_metadata(settings, group, settings.topic, timeout=timeout))
     if not theirs:
         return None
     return another_database_message(group, settings.topic, mark, theirs, settings.kafka_bootstrap)
 
 
-def status(settings: Settings, dlq_rows: int = 5) -> dict[str, Any]:
+class Status(NamedTuple):
+    """What `status` found: the report (render() prints it), and why Kafka's side of it is missing."""
+
+    report: dict[str, Any]
+    unreachable: KafkaUnreachable | None  # None: Kafka answered and every figure is measured
+
+
+def status(settings: Settings, dlq_rows: int = 5, timeout: float = FIRST_ANSWER_S) -> Status:
+    """The database's side, then Kafka's; `timeout` bounds each Kafka request (the first answer included).
+
+    Raises SchemaOutdated (no database, an old schema) before Kafka is asked, and TopicMissing for an events
+    topic that does not exist; an unreachable or refusing Kafka is not raised but returned, beside what the
+    database says."""
     engine = open_engine(settings.database_url)
-    require_current(engine)
     try:
-        applied = {
-            group: PartitionFences(engine, group, settings.topic).fences() for group, _role in groups_of(settings)
-        }
-        lost = {
-            group: PartitionFences(engine, group, settings.topic).offsets_lost() for group, _role in groups_of(settings)
-        }
+        require_current(engine)
         recorded = owners(engine)
         runs = recent_runs(engine, settings.docsync_group)
-        snapshot = measure_lag(settings, applied=applied)
-        topic_id = TopicIds(settings).get(settings.topic)
-        configs = topic_configs(settings, settings.topic, (CLEANUP_POLICY, TIMESTAMP_TYPE))
-        groups = []
-        for group in snapshot.groups:
-            fences = applied[group.group]
-            owner = recorded.get(group.role)
-            partitions = [
+        applied: dict[str, dict[int, int]] = {}
+        groups: list[dict[str, Any]] = []
+        for group, role in groups_of(settings):
+            fences = PartitionFences(engine, group, settings.topic)
+            applied[group] = fences.fences()
+            owner = recorded.get(role)
+            groups.append(
+                {
+                    "group": group,
+                    "role": role,
+                    "state": None,  # Kafka's figures: None until measured
+                    "members": None,
+                    "lag_records": None,
+                    "lag_seconds": None,
+                    "applied": sum(applied[group].values()),
+                    "fences_moved_at": fences_moved_at(engine, group, settings.topic),
+                    "fences_ahead": None,
+                    "offsets_lost": {str(p): n for p, n in sorted(fences.offsets_lost().items())},
+                    "owner": None
+                    if owner is None
+                    else {"group": owner.group_id, "topic": owner.topic, "topic_id": owner.topic_id},
+                    "refused": identity_problem(owner, group, role, settings.topic, None),
+                    "partitions": [
+                        {
+                            "partition": p,
+                            "log_start": None,
+                            "log_end": None,
+                            "committed": None,
+                            "fence": fence,
+                            "lag_records": None,
+                            "lag_seconds": None,
+                            "oldest_pending": None,
+                        }
+                        for p, fence in sorted(applied[group].items())
+                    ],
+                }
+            )
+        report: dict[str, Any] = {
+            "measured_at": _iso(datetime.now(UTC)),
+            "kafka": settings.kafka_bootstrap,
+            "kafka_unreachable": None,
+            "database": redact_url(settings.database_url),
+            "topic": settings.topic,
+            "topic_id": None,
+            "topic_problems": [],
+            "records": None,
+            "partitions": None,
+            "retention_seconds": None,
+            "groups": groups,
+            "windows_tables": windows_freshness(engine),
+            "dlq": None,
+            "docsync_runs": runs,
+            "docsync_held_back": held_back(settings.docsync_group, runs, applied[settings.docsync_group]),
+        }
+        try:
+            partition_count(settings, settings.topic, timeout)  # unreachable, or no such topic: said at once
+            snapshot = measure_lag(settings, timeout, applied=applied)
+            _add_kafka(report, settings, engine, snapshot, recorded, dlq_rows, timeout)
+        except KafkaUnreachable as exc:  # KafkaRefused too: the database's side stands alone
+            report["kafka_unreachable"] = mask(str(exc), settings.secrets())  # printed on stdout: never a secret
+            return Status(report, exc)
+        return Status(report, None)
+    finally:
+        engine.dispose()
+
+
+def _add_kafka(
+    report: dict[str, Any],
+    settings: Settings,
+    engine: Engine,
+    snapshot: LagSnapshot,
+    recorded: dict[str, Owner],
+    dlq_rows: int,
+    timeout: float,
+) -> None:
+    """Fill in what only Kafka knows: the topic, each group's state and lag per partition, the DLQ. Everything
+    is asked before anything is written into `report`, so a Kafka that goes away half-way leaves the database's
+    report whole, never half of each."""
+    topic_id = TopicIds(settings, timeout).get(settings.topic)
+    configs = topic_configs(settings, settings.topic, (CLEANUP_POLICY, TIMESTAMP_TYPE), timeout)
+    by_name = {group["group"]: group for group in report["groups"]}
+    measured_groups: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for measured in snapshot.groups:
+        group = by_name[measured.group]
+        fences = {p["partition"]: p["fence"] for p in group["partitions"]}
+        ends = {p.partition: p.log_end for p in measured.partitions}
+        owner = recorded.get(measured.role)
+        kafka_side = dict(
+            state=measured.state,
+            members=measured.members,
+            lag_records=measured.lag_records,
+            lag_seconds=None if measured.lag_seconds is None else round(measured.lag_seconds, 3),
+            fences_ahead=sorted(p for p, f in fences.items() if f > ends.get(p, 0)),
+            refused=identity_problem(owner, measured.group, measured.role, settings.topic, topic_id)
+            or database_problem(settings, engine, owner, measured.group, timeout),
+            partitions=[
                 {
                     "partition": p.partition,
                     "log_start": p.log_start,
@@ -147,56 +274,31 @@ def status(settings: Settings, dlq_rows: int = 5) -> dict[str, Any]:
                     "lag_seconds": None if p.lag_seconds is None else round(p.lag_seconds, 3),
                     "oldest_pending": _iso(p.oldest_pending_ms / 1000) if p.oldest_pending_ms is not None else None,
                 }
-                for p in group.partitions
-            ]
-            ends = {p.partition: p.log_end for p in group.partitions}
-            groups.append(
-                {
-                    "group": group.group,
-                    "role": group.role,
-                    "state": group.state,
-                    "members": group.members,
-                    "lag_records": group.lag_records,
-                    "lag_seconds": None if group.lag_seconds is None else round(group.lag_seconds, 3),
-                    "applied": sum(fences.values()),
-                    "fences_ahead": sorted(p for p, f in fences.items() if f > ends.get(p, 0)),
-                    "offsets_lost": {str(p): n for p, n in sorted(lost[group.group].items())},
-                    "owner": None
-                    if owner is None
-                    else {"group": owner.group_id, "topic": owner.topic, "topic_id": owner.topic_id},
-                    "refused": identity_problem(owner, group.group, group.role, settings.topic, topic_id)
-                    or database_problem(settings, engine, owner, group.group),
-                    "partitions": partitions,
-                }
-            )
-        dlq: dict[str, Any] | None = None
-        if snapshot.dlq is not None:
-            dlq = {
-                "topic": snapshot.dlq.name,
-                "records": sum(end - start for start, end in snapshot.dlq.partitions.values()),
-                "newest": [
-                    {**r.summary(), "parked_at": _iso(r.parked_at_ms / 1000) if r.parked_at_ms is not None else None}
-                    for r in newest_parked(settings, snapshot.dlq.partitions, dlq_rows)
-                ],
-            }
-        return {
-            "measured_at": _iso(snapshot.measured_at),
-            "kafka": settings.kafka_bootstrap,
-            "database": redact_url(settings.database_url),
-            "topic": settings.topic,
-            "topic_id": topic_id,
-            "topic_problems": topic_config_problems(configs),
-            "records": sum(end for _start, end in snapshot.topic.partitions.values()),
-            "partitions": len(snapshot.topic.partitions),
-            "retention_seconds": None if snapshot.topic.retention_ms is None else snapshot.topic.retention_ms / 1000,
-            "groups": groups,
-            "windows_tables": windows_freshness(engine),
-            "dlq": dlq,
-            "docsync_runs": runs,
-            "docsync_held_back": held_back(settings.docsync_group, runs, applied[settings.docsync_group]),
+                for p in measured.partitions
+            ],
+        )
+        measured_groups.append((group, kafka_side))
+    dlq: dict[str, Any] | None = None
+    if snapshot.dlq is not None:
+        dlq = {
+            "topic": snapshot.dlq.name,
+            "records": sum(end - start for start, end in snapshot.dlq.partitions.values()),
+            "newest": [
+                {**r.summary(), "parked_at": _iso(r.parked_at_ms / 1000) if r.parked_at_ms is not None else None}
+                for r in newest_parked(settings, snapshot.dlq.partitions, dlq_rows, timeout)
+            ],
         }
-    finally:
-        engine.dispose()
+    for group, kafka_side in measured_groups:
+        group.update(kafka_side)
+    report.update(
+        measured_at=_iso(snapshot.measured_at),
+        topic_id=topic_id,
+        topic_problems=topic_config_problems(configs),
+        records=sum(end for _start, end in snapshot.topic.partitions.values()),
+        partitions=len(snapshot.topic.partitions),
+        retention_seconds=None if snapshot.topic.retention_ms is None else snapshot.topic.retention_ms / 1000,
+        dlq=dlq,
+    )
 
 
 def age(seconds: float | None) -> str:
@@ -214,19 +316,37 @@ def age(seconds: float | None) -> str:
 
 
 def render(report: dict[str, Any], as_json: bool, partition_lines: int = 12) -> str:
+    """The report as one JSON line, or as the screen on call reads; without Kafka, what only Kafka knows is
+    said to be unknown ("Kafka: unreachable") rather than left out, so the screen keeps its shape."""
     if as_json:
         return json.dumps(report, sort_keys=True)
-    retention = age(report["retention_seconds"]) if report["retention_seconds"] is not None else "unlimited"
+    offline = report.get("kafka_unreachable") is not None
+    if offline:
+        topic_line = (
+            f"topic {report['topic']} on {report['kafka']}: {UNREACHABLE} (at {report['measured_at']}); "
+            f"what the database says:"
+        )
+    else:
+        retention = age(report["retention_seconds"]) if report["retention_seconds"] is not None else "unlimited"
+        topic_line = (
+            f"topic {report['topic']} (id {report['topic_id'] or 'unknown: the cluster keeps none'}) on "
+            f"{report['kafka']}: {report['partitions']} partitions, {report['records']:,} offsets ever written, "
+            f"retention {retention} (at {report['measured_at']})"
+        )
     lines = [
-        f"topic {report['topic']} (id {report['topic_id'] or 'unknown: the cluster keeps none'}) on {report['kafka']}: "
-        f"{report['partitions']} partitions, "
-        f"{report['records']:,} records ever written, retention {retention} (at {report['measured_at']})",
+        topic_line,
         f"database {report['database']}",
         *(f"  TOPIC CONFIGURATION: {problem}" for problem in report["topic_problems"]),
         "",
-        f"  {'group':<24} {'state':<12} {'members':>7} {'applied (SQL)':>14} {'lag records':>12}  lag (oldest pending)",
+        f"  {'group':<24} {'state':<12} {'members':>7} {'applied (SQL)':>14} {'lag offsets':>12}  lag (oldest pending)",
     ]
     for group in report["groups"]:
+        if offline:
+            lines.append(
+                f"  {group['group']:<24} {'?':<12} {'?':>7} {group['applied']:>14,}  {UNREACHABLE}; fences last "
+                f"moved {group['fences_moved_at'] or 'never'}"
+            )
+            continue
         lines.append(
             f"  {group['group']:<24} {group['state']:<12} {group['members']:>7} {group['applied']:>14,} "
             f"{group['lag_records']:>12,}  {age(group['lag_seconds'])}"
@@ -235,7 +355,7 @@ def render(report: dict[str, Any], as_json: bool, partition_lines: int = 12) -> 
         (g, p)
         for g in report["groups"]
         for p in g["partitions"]
-        if p["lag_records"] or p["partition"] in g["fences_ahead"]
+        if p["lag_records"] or p["partition"] in (g["fences_ahead"] or ())
     ]
     if owed:
         lines += ["", "  partitions with lag:"]
@@ -276,7 +396,9 @@ def render(report: dict[str, Any], as_json: bool, partition_lines: int = 12) -> 
         f"last written {tables['last_written'] or 'never'}",
     ]
     dlq = report["dlq"]
-    if dlq is None:
+    if offline:
+        lines.append(f"DLQ: {UNREACHABLE}")
+    elif dlq is None:
         lines.append("DLQ: the topic does not exist (run `skillstats init`)")
     else:
         lines.append(f"DLQ {dlq['topic']}: {dlq['records']:,} records" + (", newest:" if dlq["newest"] else ""))

@@ -6,7 +6,9 @@ role (the database must name this group and this topic, by its Kafka id:
 sinks/identity.py), check that no SQL fence is past its partition's log end (a
 recreated topic or a database restored from elsewhere must stop the drain
 loudly, not make it skip records as "already applied"), snapshot the end
-offsets, read every assigned partition from its SQL fence (skillstats/positions.py;
+offsets, refuse to go on while `skills` has no row at all (every event would be
+skipped for good: exit status 2 unless --allow-empty-registry), read every
+assigned partition from its SQL fence (skillstats/positions.py;
 never from Kafka's committed offset) up to that snapshot (or until a budget runs
 out), fold per skill, check the topic's id again, then apply each partition's
 deltas once, in chunked transactions that also move the fences, and commit the
@@ -59,7 +61,7 @@ from skillstats.metrics import Probes, docsync_held, drain_finished, serve
 from skillstats.positions import Positions
 from skillstats.retry import Backoff
 from skillstats.shutdown import DEFAULT_BUDGET_S, ShutdownWatchdog
-from skillstats.sinks.docstats import DocStatsSink, HeldPartition, PartitionDeltas, held_error
+from skillstats.sinks.docstats import DocStatsSink, EmptyRegistry, HeldPartition, PartitionDeltas, held_error
 from skillstats.sinks.fences import FenceAheadOfLog, check_within_log
 from skillstats.sinks.identity import DOCSYNC, IdentityMismatch
 from skillstats.sinks.recovery import describe, is_data_error
@@ -72,7 +74,7 @@ log = logging.getLogger(__name__)
 CAUGHT_UP, BUDGET, ERROR = "caught_up", "budget", "error"
 # An operator's decision or a setting to fix, not a failure to retry: the drain stops with
 # exit status 2 and the message says what to do (docs/contract.md).
-REFUSALS = (FenceAheadOfLog, IdentityMismatch, TopicMissing)
+REFUSALS = (EmptyRegistry, FenceAheadOfLog, IdentityMismatch, TopicMissing)
 
 
 @dataclass
@@ -153,6 +155,8 @@ class DocSync:
         budget: DrainBudget | None = None,
         stop: threading.Event | None = None,
         engine: Any = None,
+        *,
+        allow_empty_registry: bool = False,
     ) -> None:
         from skillstats.sinks.db import open_engine
         from skillstats.sinks.migrate import require_current
@@ -164,6 +168,8 @@ class DocSync:
             engine = open_engine(settings.database_url)
             require_current(engine)
         self.engine = engine
+        # An empty `skills` table refuses the drain (EmptyRegistry) unless this says it is meant.
+        self.allow_empty_registry = allow_empty_registry
         self.sink = DocStatsSink(self.engine, settings.docsync_group, settings.topic)
         self.positions = Positions(settings, DOCSYNC, self.sink)
 
@@ -174,6 +180,9 @@ class DocSync:
         try:
             self.positions.claim()
             ends = self._snapshot()
+            # After the claim and the fence check (their refusals say more), before anything is read.
+            if not self.allow_empty_registry and self.sink.registry_is_empty():
+                raise EmptyRegistry(redact_url(self.engine.url.render_as_string(hide_password=False)))
             consumer, parts = self._read(summary, started, ends)
             # The topic the records came from is still the one claimed: a topic recreated
             # while this drain read must not be counted against the old one's fences.
@@ -549,8 +558,12 @@ def run(
     metrics_host: str = "0.0.0.0",
     metrics_port: int = 0,
     shutdown_budget: float = DEFAULT_BUDGET_S,
+    allow_empty_registry: bool = False,
 ) -> int:
     """One drain (exit status 0; 1 if it failed; 2 if it was refused), or one per `every` seconds until SIGTERM.
+
+    A drain against an empty `skills` table is refused (exit 2, nothing read or
+    applied: sinks/docstats.py, EmptyRegistry) unless `allow_empty_registry`.
 
     SIGTERM stops the reading, lets the chunk being applied commit, leaves the
     rest for the next drain (it reads them again from the fences), and exits
@@ -592,7 +605,7 @@ def run(
         if ready is None:
             return 0
         engine = ready[0]
-    sync = DocSync(settings, budget, stop, engine)
+    sync = DocSync(settings, budget, stop, engine, allow_empty_registry=allow_empty_registry)
 
     def ready_now() -> str | None:
         if last and not last[-1].ok:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
 from skillstats.config import Settings
 from skillstats.kafka import partition_count
-from skillstats.sinks.migrate import head_revision
+from skillstats.sinks.db import open_engine
+from skillstats.sinks.identity import WINDOWS, Owner, claim
+from skillstats.sinks.migrate import head_revision, upgrade
+from skillstats.sinks.upserts import now_utc_naive
 from tests.test_publish import cli
 
 KAFKA_COMMANDS = [
@@ -127,9 +131,39 @@ def test_init_refuses_a_compacted_events_topic_and_notes_log_append_time(
     assert "cleanup.policy is 'compact'" in refused.stderr and "cleanup.policy=delete" in refused.stderr
     status = cli(compacted, "status")
     assert "TOPIC CONFIGURATION: cleanup.policy is 'compact'" in status.stdout, status.stdout + status.stderr
+    # Log ends, fences and lag are offsets (a transaction's marker takes one and holds no record): said so.
+    assert "0 offsets ever written" in status.stdout and "lag offsets" in status.stdout, status.stdout
+    assert "records" not in status.stdout.split("windows tables:")[0], status.stdout
     noted = cli(stamped, "init")
     assert noted.returncode == 0, noted.stderr
     assert "LogAppendTime" in noted.stderr and "bad_timestamp" in noted.stderr
+
+
+def test_a_topic_that_does_not_exist_is_exit_2_in_one_line(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """`status` and `dlq list` said `LookupError` with exit 1 (issue 28): like every command, they say the one line
+    and exit 2. Only the events topic gets the database's hint: the DLQ topic is not one the database counts."""
+    run = uuid.uuid4().hex[:8]
+    settings = Settings(
+        kafka_bootstrap=kafka_bootstrap,
+        database_url=f"sqlite:///{tmp_path}/s.db",
+        topic=f"missing-{run}",
+        dlq_topic=f"missing-{run}.dlq",
+        windows_group=f"windows-{run}",
+        docsync_group=f"docsync-{run}",
+    )
+    engine = open_engine(settings.database_url)
+    upgrade(engine)
+    claim(engine, Owner(WINDOWS, settings.windows_group, f"counted-{run}", None), now_utc_naive())
+    engine.dispose()
+    for command, topic in ((["status"], settings.topic), (["dlq", "list"], settings.dlq_topic)):
+        result = cli(settings, *command)
+        assert result.returncode == 2, result.stdout + result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "LookupError" not in lines[0], result.stderr
+        assert lines[0].startswith(f"skillstats {command[0]}: topic {topic!r} does not exist on {kafka_bootstrap}")
+        hinted = f"counts topic 'counted-{run}' (windows), not {topic!r}" in lines[0]
+        assert hinted == (topic == settings.topic), lines[0]
+        assert result.stdout == ""
 
 
 def _parsers() -> list[tuple[str, object]]:

@@ -165,3 +165,63 @@ def test_database_passwords_are_masked_wherever_the_url_holds_them() -> None:
 def test_an_empty_database_url_is_an_error_not_a_local_sqlite_file() -> None:
     with pytest.raises(SettingsError, match="is empty"):
         Settings.from_env({"SKILLSTATS_DATABASE_URL": ""})
+
+
+def test_a_common_word_password_is_masked_where_it_stands_and_nowhere_else() -> None:
+    """Issue 28.5: `status` as a password turned `skillstats status:` into `skill*** ***:`, garbling every line
+    and giving the password away by elimination. It is masked in a URL's password position and as the value
+    of a password-named setting, whoever's, and the words around it are left alone."""
+    from skillstats.config import mask
+
+    settings = Settings(database_url="postgresql://app:status@db/x", kafka_security={"sasl.password": "status"})
+    text = (
+        "skillstats status: cannot reach postgresql://app:status@db/x?password=status "
+        "(conninfo password='status', {'sasl.password': 'status'}, PGPASSWORD=status)"
+    )
+    assert mask(text, settings.secrets()) == (
+        "skillstats status: cannot reach postgresql://app:***@db/x?password=*** "
+        "(conninfo password='***', {'sasl.password': '***'}, PGPASSWORD=***)"
+    )
+    # What a short common word still costs: printed bare, it is not masked (masking every "status" would be
+    # no secret either). A distinctive secret is masked wherever it appears, as before.
+    assert mask("status: 3 partitions", ["status"]) == "status: 3 partitions"
+    assert mask("got k-456 and Sup3r-Secret", ["k-456", "Sup3r-Secret"]) == "got *** and ***"
+    # By position, a password of nobody's settings too: every URL's, every password-named value.
+    assert mask("to postgresql://u:p%40ss@h/db", []) == "to postgresql://u:***@h/db"
+    # Not what only looks like it: a traceback's source line, a URL without user info, a path with an "@".
+    plain = "render_as_string(hide_password=False) http://127.0.0.1:9320/v1/events sqlite:////tmp/a@b.db"
+    assert mask(plain, ["status"]) == plain
+
+
+def test_a_failing_command_keeps_its_words_when_the_password_is_one() -> None:
+    env = {**os.environ, "SKILLSTATS_DATABASE_URL": "postgresql://u:init@[bad-host/db"}
+    result = subprocess.run(
+        [sys.executable, "-m", "skillstats.cli", "init", "--skip-topics", "-vv"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "Traceback" in output  # -vv: the traceback is shown, masked
+    assert "skillstats init:" in output and "u:init@" not in output, output[-2000:]
+    assert "skillstats ***" not in output and "***:" not in output.replace("u:***@", ""), output[-2000:]
+
+
+def test_a_bootstrap_without_a_port_is_refused_naming_the_setting() -> None:
+    """Issue 28.7: a client takes a bare host as host:9092, on a shared machine maybe someone else's broker."""
+    for bootstrap in ("localhost", "kafka-1:9092,kafka-2", "", "kafka:port"):
+        with pytest.raises(SettingsError, match=r"SKILLSTATS_KAFKA_BOOTSTRAP .* has no port"):
+            Settings.from_env({"SKILLSTATS_KAFKA_BOOTSTRAP": bootstrap})
+    for bootstrap in ("127.0.0.1:9092", "k1:9093, k2:9093", "[::1]:9092", "SASL_SSL://kafka:9093"):
+        assert Settings.from_env({"SKILLSTATS_KAFKA_BOOTSTRAP": bootstrap}).kafka_bootstrap == bootstrap
+    done = subprocess.run(
+        [sys.executable, "-m", "skillstats.cli", "status", "--bootstrap", "kafka-1:9092,kafka-2"],
+        env={**os.environ, "SKILLSTATS_DATABASE_URL": "sqlite:///unused.db"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "SKILLSTATS_KAFKA_BOOTSTRAP (or --bootstrap): 'kafka-2'" in done.stderr, done.stderr
+    assert "kafka.sh bootstrap" in done.stderr and "Traceback" not in done.stderr

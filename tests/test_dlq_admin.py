@@ -75,7 +75,7 @@ def test_list_filter_replay_once_and_a_still_invalid_copy_never_loops(settings: 
     # the malformed record: it is left out, saying so, unless forced.
     assert cli(settings, "replay").returncode == 2
     refused = cli(settings, "replay", "--reason", "malformed", "--dry-run")
-    assert refused.returncode == 2 and "still refuses it (malformed" in refused.stderr, refused.stderr
+    assert refused.returncode == 0 and "still refuses it (malformed" in refused.stderr, refused.stderr
     dry = cli(settings, "replay", "--reason", "malformed", "--dry-run", "--force")
     assert dry.returncode == 0 and "1 record(s) would be replayed" in dry.stdout, dry.stderr
     assert len(read_topic(settings, settings.topic)) == 3
@@ -137,6 +137,32 @@ def test_a_replayed_record_that_is_valid_now_counts_once_and_never_again(setting
     daily, _hourly = actual_windows(settings)
     assert sum(downloads for downloads, _installs in daily.values()) == 1
     assert len(read_topic(settings, settings.topic)) == 1
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_dry_run_with_nothing_replayable_exits_0_and_says_so(settings: Settings) -> None:
+    """A dry run that finds nothing to do did what it was asked (exit 0, a line saying so); the replay itself
+    is refused (exit 2), as before: it was asked to publish and cannot."""
+    now = int(time.time() * 1000)
+    parcel = Parcel(RawRecord(0, 5, b"sk_x", b"{"), "malformed", "not JSON", None, now)
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+    producer.produce(
+        settings.dlq_topic,
+        key=b"sk_x",
+        value=b"{",
+        partition=0,
+        headers=park_headers(parcel, settings.topic, settings.windows_group, now),
+    )
+    assert producer.flush(30) == 0
+    dry = cli(settings, "replay", "--reason", "malformed", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.strip() == (
+        "none of the 1 matching parked record(s) would be replayed (see above; dry run: nothing changed)"
+    )
+    assert "left out" in dry.stderr and "still refuses it (malformed" in dry.stderr, dry.stderr
+    refused = cli(settings, "replay", "--reason", "malformed")
+    assert refused.returncode == 2 and "none of the 1 matching parked record(s) can be replayed" in refused.stderr
+    assert read_topic(settings, settings.topic) == []  # nothing was published by either
 
 
 def test_source_offsets_must_be_partition_offset_pairs(settings: Settings) -> None:

@@ -251,7 +251,41 @@ def test_every_repeats_drains_until_sigterm(settings: Settings) -> None:
 def test_summary_says_events_for_missing_skills_are_skipped_for_good(settings: Settings) -> None:
     records = list(generate(200, now_ms=int(time.time() * 1000), skills=5, seed=3))
     assert publish(settings, records) == 200
-    result = cli(settings, "docsync")
+    result = cli(settings, "docsync", "--allow-empty-registry")
     assert result.returncode == 0, result.stderr
+    assert "caught_up" in result.stdout
+    assert "events were for skills with no row in `skills`; they are skipped for good" in result.stdout
+
+
+def test_an_empty_registry_is_refused_and_the_event_waits_for_its_row(settings: Settings) -> None:
+    """Issue 28.8: a first drain before any `skills` row exists would skip every event for good. It is refused
+    (exit 2, nothing read or applied, the message says how to make rows), and once the rows are there the
+    same event counts."""
+    from skillstats.contract import make_event
+    from tests.helpers import fences
+
+    event = make_event("sk_1", "download", int(time.time() * 1000))
+    publish(settings, [Record(event.key, event.encode(), True)])
+    refused = cli(settings, "docsync", "--json")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    [summary] = [json.loads(line) for line in refused.stdout.splitlines() if line.startswith("{")]
+    assert summary["refused"] and summary["events_read"] == 0, summary
+    assert "EmptyRegistry" in summary["error"] and "INSERT INTO skills" in summary["error"], summary["error"]
+    assert "--allow-empty-registry" in summary["error"] and "Traceback" not in refused.stderr
+    assert fences(settings, settings.docsync_group) == {}  # nothing applied, nothing passed over
+    assert actual_docstats(settings) == ({}, {})
+
+    seed_registry(settings, {"sk_1": "u1"})
+    status, [after] = run_docsync(settings)
+    assert status == 0 and (after["events_read"], after["unknown_skill_events"]) == (1, 0), after
+    assert actual_docstats(settings) == ({"sk_1": (1, 0, 0)}, {"u1": (1, 0, 0)})
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_allow_empty_registry_drains_and_says_the_events_are_skipped(settings: Settings) -> None:
+    records = list(generate(50, now_ms=int(time.time() * 1000), skills=5, seed=3))
+    assert publish(settings, records) == 50
+    result = cli(settings, "docsync", "--allow-empty-registry")
+    assert result.returncode == 0, result.stdout + result.stderr
     assert "caught_up" in result.stdout
     assert "events were for skills with no row in `skills`; they are skipped for good" in result.stdout

@@ -85,8 +85,8 @@ def test_a_reset_says_what_it_counts_again_and_waits_for_the_group_to_stop(setti
     reset = ["fences", "reset", "--group", settings.windows_group, "--to", "start"]
     dry = cli(settings, *reset)
     assert dry.returncode == 0, dry.stderr
-    assert "1,200 record(s) already counted would be counted again" in dry.stdout, dry.stdout
-    assert "counted again" in dry.stdout.splitlines()[1]  # per partition, too
+    assert "1,200 offset(s) already applied would be applied again" in dry.stdout, dry.stdout
+    assert "offset(s) applied again" in dry.stdout.splitlines()[1]  # per partition, too
     running = cli(settings, *reset, "--confirm", "RESET_FENCES")
     assert running.returncode == 2 and "active member" in running.stderr, running.stderr
     assert sum(fences(settings, settings.windows_group).values()) == 1200  # nothing changed
@@ -228,3 +228,44 @@ def test_the_database_mark_is_kept_by_resets_takeovers_and_a_backup_from_before_
     upgrade(other)
     claim(other, Owner(WINDOWS, "g", "events", None), now_utc_naive())
     assert database_mark(other, WINDOWS) != mark
+
+
+def test_a_mark_is_read_back_exactly_from_commits_aiokafka_and_librdkafka_wrote() -> None:
+    """librdkafka reads commit metadata as a C string: written without a NUL (aiokafka) it came back with junk
+    appended (a false "another database"), or undecodable. Ours carry the NUL; junk after it is never a mark."""
+    from skillstats.sinks.identity import MARK_PREFIX, commit_metadata_for, other_databases
+
+    mark = MARK_PREFIX + "0" * 32
+    assert other_databases(mark, {0: mark + "\0lz4.%", 1: commit_metadata_for(mark), 2: "", 3: "faust"}) == {}
+    theirs = MARK_PREFIX + "1" * 32
+    assert other_databases(mark, {0: theirs + "\0junk", 1: theirs + "lz4"}) == {0: theirs, 1: theirs}
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_commits_of_both_clients_carry_the_mark_readably(settings: Settings) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import OffsetAndMetadata
+    from aiokafka.structs import TopicPartition as AioPartition
+
+    from skillstats.kafka import commit_metadata, commit_offsets
+    from skillstats.sinks.identity import MARK_PREFIX, commit_metadata_for
+
+    mark = MARK_PREFIX + "ab" * 16
+
+    async def aiokafka_commit() -> None:  # as the windows worker commits
+        consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=settings.windows_group)
+        await consumer.start()
+        try:
+            partitions = [AioPartition(settings.topic, p) for p in range(6)]
+            consumer.assign(partitions)
+            await consumer.commit({tp: OffsetAndMetadata(0, commit_metadata_for(mark)) for tp in partitions})
+        finally:
+            await consumer.stop()
+
+    asyncio.run(aiokafka_commit())
+    commit_offsets(settings, settings.windows_group, settings.topic, {p: 0 for p in range(6, 12)}, metadata=mark)
+    for _ in range(50):  # the over-read was intermittent: read often
+        read = commit_metadata(settings, settings.windows_group, settings.topic)
+        assert {p: m.split("\0", 1)[0] for p, m in read.items()} == {p: mark for p in range(12)}

@@ -200,6 +200,7 @@ def test_no_secret_in_anything_a_whole_run_prints(secure: SecureKafka, database_
         return done
 
     assert run("init", env, "init", "--partitions", "2", "--dlq-partitions", "1").returncode == 0
+    seed_registry(settings, {"sk_000001": "user_1"})  # docsync refuses an empty registry (issue 28.8)
     assert run("publish", env, "publish", "--skill-id", "sk_000001", "--kind", "download").returncode == 0
     bad = subprocess.run(
         [sys.executable, "-m", "skillstats.cli", "publish", "--file", "-"],

@@ -110,7 +110,7 @@ def test_prune_never_deletes_what_a_required_group_has_not_committed_past(settin
 
     text = cli(settings, "prune", "--retention-days", "2")
     assert text.returncode == 0, text.stderr
-    assert "dry run: 23 record(s) in 4 partition(s) would be deleted" in text.stdout, text.stdout
+    assert "dry run: 23 offset(s) in 4 partition(s) would be deleted" in text.stdout, text.stdout
     assert f"--apply --confirm {CONFIRM_TOKEN}" in text.stdout
     line = next(ln for ln in text.stdout.splitlines() if ln.split()[:1] == ["1"])
     assert line.split()[:4] == ["1", "0", "4", "4"] and f"group {settings.docsync_group}" in line, line
@@ -160,6 +160,32 @@ def test_only_the_required_groups_hold_records_back(settings: Settings) -> None:
     assert "no committed offset" in report["partitions"][0]["reason"]
     assert report["partitions"][7]["reason"] == "empty: no records"
     assert set(lows(settings).values()) == {0}
+
+
+@SQLITE_ONLY
+def test_an_empty_partition_a_group_has_read_is_empty_not_not_ready(settings: Settings) -> None:
+    """Issue 28: an empty partition is "empty: no records" whoever read it (the docs' words), not "not ready"
+    because one group committed there and the other did not, nor "no SQL fence" for a fence at 0."""
+    produce(settings, 0, 3, int(time.time() * 1000))  # one partition with records: the rest are empty
+    commit_offsets(settings, settings.docsync_group, settings.topic, {1: 0, 2: 0, 3: 0})
+    commit_offsets(settings, settings.windows_group, settings.topic, {0: 0, 2: 0, 3: 0})
+    engine = open_engine(settings.database_url)
+    try:
+        # Fences at 0 where each group read (a new fence row is at the log start); docsync has none on 3.
+        marks = {p: (0, 0) for p in range(4)}
+        PartitionFences(engine, settings.windows_group, settings.topic).reset(
+            {0: 0, 2: 0, 3: 0}, marks, now_utc_naive()
+        )
+        PartitionFences(engine, settings.docsync_group, settings.topic).reset({1: 0, 2: 0}, marks, now_utc_naive())
+    finally:
+        engine.dispose()
+    report = prune_json(settings)
+    reasons = {p["partition"]: p["reason"] for p in report["partitions"]}
+    assert all(reasons[p] == "empty: no records" for p in range(1, 12)), reasons
+    assert "not ready" in reasons[0] and settings.docsync_group in reasons[0], reasons  # it has records to wait for
+    assert report["not_ready"] == [0] and report["records"] == 0
+    text = cli(settings, "prune", "--retention-days", "2")
+    assert text.returncode == 0 and "left alone: 1 partition(s) (0)" in text.stdout, text.stdout + text.stderr
 
 
 @SQLITE_ONLY

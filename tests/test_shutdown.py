@@ -170,7 +170,15 @@ def test_docsync_stops_within_its_budget_while_the_database_hangs(settings: Sett
     holder.execute(text("LOCK TABLE skills IN ACCESS EXCLUSIVE MODE"))
     log = (tmp_path / "docsync.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "skillstats.cli", "docsync", "--shutdown-budget", str(BUDGET_S)],
+        [
+            sys.executable,
+            "-m",
+            "skillstats.cli",
+            "docsync",
+            "--allow-empty-registry",
+            "--shutdown-budget",
+            str(BUDGET_S),
+        ],
         env=settings_env(settings),
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -235,7 +235,8 @@ try {
   await publisher.publish(download("sk_1"));
   out.refused = null;
 } catch (error) {
-  out.refused = { name: error.name, message: error.message, publishFailed: typeof PublishFailed === "function" && error instanceof PublishFailed };
+  const publishFailed = typeof PublishFailed === "function" && error instanceof PublishFailed;
+  out.refused = { name: error.name, message: error.message, publishFailed };
 }
 try {
   await import("@skillstats/client/kafka");

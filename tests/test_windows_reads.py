@@ -128,7 +128,7 @@ def test_a_commit_that_races_a_rebalance_is_a_hint_lost_not_a_crash() -> None:
     fine = Consumer(None)
     assert asyncio.run(_commit_in_thread(fine, {TP("t", 0): 10, TP("t", 1): 20}, "mark")) is True
     assert [{tp.partition: o.offset for tp, o in c.items()} for c in fine.committed] == [{0: 10}]  # 1 left
-    assert [o.metadata for c in fine.committed for o in c.values()] == ["mark"]  # which database counts it
+    assert [o.metadata for c in fine.committed for o in c.values()] == ["mark"]  # as given: the caller adds the NUL
     for error in (IllegalStateError("Partitions not assigned"), CommitFailedError("already rebalanced")):
         assert asyncio.run(_commit_in_thread(Consumer(error), {TP("t", 0): 10}, "mark")) is False
     assert asyncio.run(_commit_in_thread(fine, {TP("t", 5): 1}, "mark")) is False  # nothing assigned to commit

@@ -21,6 +21,8 @@
 #   KAFKA_EXTRA_LISTENERS  more listeners for a single node, e.g.
 #                    SASL_PLAINTEXT://127.0.0.1:9192,SSL://127.0.0.1:9193 (named after their protocol)
 #   KAFKA_EXTRA_CONFIG     a file appended to server.properties (their SASL and TLS settings)
+#   KAFKA_PORT_SETTING     the variable a taken port's one line names (default KAFKA_PORT; the
+#                    test scripts name theirs, e.g. SKILLSTATS_TEST_KAFKA_PORT)
 #
 # A cluster is identified by its first port, so a test run on 19092 and a demo on
 # 9092 can run side by side without touching each other's data.
@@ -28,6 +30,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$here/lib.sh"
 state=${SKILLSTATS_STATE_DIR:-$repo/.local}
 port=${KAFKA_PORT:-9092}
 nodes=${KAFKA_NODES:-1}
@@ -35,6 +39,7 @@ heap=${KAFKA_HEAP_OPTS:--Xms256m -Xmx768m}
 libs=$state/kafka-libs
 cluster=$state/kafka-$port
 controller_base=$((port + 1000))
+setting=${KAFKA_PORT_SETTING:-KAFKA_PORT}
 
 log() { printf 'kafka.sh: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -132,11 +137,25 @@ start_failure() {
   logs=("$(node_dir "$1")/logs/server.log" "$(node_dir "$1")/logs/stdout.log")
   found=$(grep -hoE "failed to bind to [^ ]+: Address already in use" "${logs[@]}" 2>/dev/null | head -n 1)
   if [[ -n $found ]]; then
-    echo "a port is taken: $found; choose other ports with KAFKA_PORT=... (node i uses KAFKA_PORT+i-1 and $((controller_base - port))+ that for its controller)"
+    echo "a port is taken: $found; choose other ports with $setting=<port> (node i uses $setting+i-1, and $((controller_base - port)) more for its controller)"
     return
   fi
   found=$(grep -hE "ConfigException|KafkaException|ERROR" "${logs[@]}" 2>/dev/null | head -n 1)
   echo "${found:-see the log}"
+}
+
+# check_ports_free N...: nodes N... that are not running find their broker and controller ports free,
+# else one line naming the port and the variable that moves it (before the jars are fetched or
+# anything is written: another Kafka of this machine on the port would otherwise fail the start later).
+check_ports_free() {
+  local i
+  for i in "$@"; do
+    alive "$i" && continue
+    if port_in_use "$(broker_port "$i")"; then die "$(port_taken "node $i's broker port" "$(broker_port "$i")" "$setting")"; fi
+    if port_in_use "$(controller_port "$i")"; then
+      die "$(port_taken "node $i's controller port, $setting+1000+$((i - 1))" "$(controller_port "$i")" "$setting")"
+    fi
+  done
 }
 
 # wait_started [N]: every node, or node N only.
@@ -165,11 +184,12 @@ bootstrap_list() {
 }
 
 start() {
-  fetch
-  mkdir -p "$cluster"
   if [[ -f $cluster/nodes && $(cat "$cluster/nodes") != "$nodes" ]]; then
     die "the cluster on port $port was formatted with $(cat "$cluster/nodes") node(s); run '$0 reset' first"
   fi
+  check_ports_free $(seq 1 "$nodes")
+  fetch
+  mkdir -p "$cluster"
   echo "$nodes" >"$cluster/nodes"
   [[ -f $cluster/cluster.id ]] || "$(java_bin)" -cp "$libs/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n1 >"$cluster/cluster.id"
   local i
@@ -229,7 +249,7 @@ case "${1:-}" in
     stop_nodes "$2" # reaps it and removes the pid file
     log "node $2 (127.0.0.1:$(broker_port "$2")) killed"
     ;;
-  start-node) check_node_arg "${2:-}"; fetch; start_node "$2"; wait_started "$2"; log "node $2 running" ;;
+  start-node) check_node_arg "${2:-}"; check_ports_free "$2"; fetch; start_node "$2"; wait_started "$2"; log "node $2 running" ;;
   bootstrap) bootstrap_list ;;
-  *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

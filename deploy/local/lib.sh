@@ -6,6 +6,16 @@ venv=${SKILLSTATS_VENV:-$repo/.venv}
 
 say() { printf '\n== %s\n' "$*" >&2; }
 
+# port_in_use PORT: something accepts connections on 127.0.0.1:PORT (bash's /dev/tcp: no nc or ss
+# needed). A listener on 0.0.0.0 answers there too. A socket bound but not listening does not: the
+# server's own bind error says that case.
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# port_taken WHAT PORT VARIABLE: the one line that says a port is taken and which variable moves it.
+port_taken() {
+  echo "127.0.0.1:$2 ($1) is taken by another program; choose another port with $3=<port>"
+}
+
 # A virtualenv with skillstats (editable) and the pinned versions in
 # requirements.lock; re-installed only when pyproject.toml or the lock changes.
 ensure_python_env() {
@@ -16,7 +26,7 @@ ensure_python_env() {
   stamp=$venv/.skillstats-$(cat "$repo/pyproject.toml" "$repo/requirements.lock" | sha256sum | cut -c1-16)
   if [[ ! -f $stamp ]]; then
     say "installing Python dependencies into $venv"
-    "$venv/bin/pip" install -q --disable-pip-version-check -c "$repo/requirements.lock" -e "$repo[test]"
+    "$venv/bin/pip" install -q --disable-pip-version-check -c "$repo/requirements.lock" -e "${repo}[test]"
     touch "$stamp"
   fi
   export PATH="$venv/bin:$PATH"
@@ -30,6 +40,7 @@ ensure_debian_tools() {
   command -v mvn >/dev/null || missing+=(maven)
   command -v promtool >/dev/null || missing+=(prometheus) # prometheus and promtool, for the alert tests
   command -v openssl >/dev/null || missing+=(openssl)     # certificates for the TLS tests
+  command -v sqlite3 >/dev/null || missing+=(sqlite3)     # the README's Getting started, which a test runs
   ((${#missing[@]})) || return 0
   say "installing Debian packages: ${missing[*]}"
   [[ $(id -u) -eq 0 ]] || sudo=sudo

@@ -8,7 +8,9 @@
 #   deploy/local/postgres.sh url      print the SQLAlchemy URL of the server
 #   deploy/local/postgres.sh status   exit 0 when running
 #
-# Environment: PG_PORT (default 55432), SKILLSTATS_STATE_DIR (default <repo>/.local).
+# Environment: PG_PORT (default 55432), SKILLSTATS_STATE_DIR (default <repo>/.local),
+# PG_PORT_SETTING (the variable a taken port's one line names; default PG_PORT,
+# deploy/local/test.sh sets SKILLSTATS_TEST_PG_PORT).
 #
 # Tuned for throwaway data: fsync and synchronous_commit are off, which a crash of
 # the *server* could punish but a kill -9 of a client cannot. Never point this
@@ -17,9 +19,12 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$here/lib.sh"
 state=${SKILLSTATS_STATE_DIR:-$repo/.local}
 port=${PG_PORT:-55432}
 dir=$state/pg-$port
+setting=${PG_PORT_SETTING:-PG_PORT}
 
 log() { printf 'postgres.sh: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -57,6 +62,10 @@ start() {
     mkdir -p "$state"
     if ! runuser -u postgres -- test -x "$state"; then dir=/tmp/skillstats-pg-$port; fi
   fi
+  if running; then log "already running on 127.0.0.1:$port"; url; return 0; fi
+  # Said in one line, before anything is written: another PostgreSQL of this machine (or any program)
+  # on the port would otherwise make pg_ctl fail with the server's log.
+  if port_in_use "$port"; then die "$(port_taken "PostgreSQL's port" "$port" "$setting")"; fi
   if [[ ! -f $dir/PG_VERSION ]]; then
     mkdir -p "$dir"
     [[ $(id -u) -eq 0 ]] && chown postgres: "$dir"
@@ -73,9 +82,17 @@ full_page_writes = off
 max_connections = 200
 EOF
   fi
-  if running; then log "already running on 127.0.0.1:$port"; url; return 0; fi
-  as_owner "$bin/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 start >/dev/null \
-    || { tail -n 30 "$dir/server.log" >&2; die "PostgreSQL did not start"; }
+  local logged=0
+  [[ -f $dir/server.log ]] && logged=$(stat -c %s "$dir/server.log")
+  if ! as_owner "$bin/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 start >/dev/null 2>"$dir.start.log"; then
+    # Taken between the check and the start, or bound without listening: this start's bind error says so.
+    if tail -c +$((logged + 1)) "$dir/server.log" | grep -q "could not bind .*Address already in use"; then
+      die "$(port_taken "PostgreSQL's port" "$port" "$setting")"
+    fi
+    cat "$dir.start.log" >&2
+    tail -n 30 "$dir/server.log" >&2
+    die "PostgreSQL did not start"
+  fi
   log "PostgreSQL running on 127.0.0.1:$port (data in $dir)"
   url
 }
@@ -90,5 +107,5 @@ case "${1:-}" in
   stop) stop ;;
   url) url ;;
   status) [[ -d /tmp/skillstats-pg-$port && ! -d $dir ]] && dir=/tmp/skillstats-pg-$port; running ;;
-  *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

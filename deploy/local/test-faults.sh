@@ -9,4 +9,5 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export SKILLSTATS_TEST_KAFKA_PORT=${SKILLSTATS_TEST_FAULTS_KAFKA_PORT:-29092} KAFKA_NODES=3
+export KAFKA_PORT_SETTING=SKILLSTATS_TEST_FAULTS_KAFKA_PORT
 SKILLSTATS_TEST_MARK=faults exec deploy/local/test.sh "$@"

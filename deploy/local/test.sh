@@ -12,6 +12,9 @@ cd "$repo"
 source deploy/local/lib.sh
 
 export KAFKA_PORT=${SKILLSTATS_TEST_KAFKA_PORT:-19092} PG_PORT=${SKILLSTATS_TEST_PG_PORT:-55432}
+# A taken PostgreSQL port is said in one line by postgres.sh, naming the variable that moves it here.
+export PG_PORT_SETTING=SKILLSTATS_TEST_PG_PORT
+export KAFKA_PORT_SETTING=${KAFKA_PORT_SETTING:-SKILLSTATS_TEST_KAFKA_PORT}
 export SKILLSTATS_TEST_PG=postgresql://postgres@127.0.0.1:$PG_PORT/postgres
 export SKILLSTATS_TEST_METRICS=$repo/.local/test-metrics.txt
 

@@ -18,7 +18,15 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from skillstats import __version__
-from skillstats.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, settings, topic_hint
+from skillstats.cli.common import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    UsageError,
+    settings,
+    topic_hint,
+)
 
 # name -> (module under skillstats.cli, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -67,6 +75,28 @@ def build_parser(only: str | None = None) -> _Parser:
     return parser
 
 
+def operator_errors() -> tuple[type[Exception], ...]:
+    """What exits 2 from any command, in one line: a setting to fix or an operator's decision, which running
+    again does not cure (docs/operations.md, 'Exit statuses'). Anything else a command raises is a failure,
+    exit 1. Imported when a command runs (SQLAlchemy, librdkafka), never for --help."""
+    from skillstats.kafka import TopicMissing
+    from skillstats.metrics import PortUnavailable
+    from skillstats.sinks.db import DatabaseUrlError
+    from skillstats.sinks.fences import FenceAheadOfLog
+    from skillstats.sinks.identity import IdentityMismatch
+    from skillstats.sinks.migrate import SchemaOutdated
+
+    return (
+        UsageError,
+        PortUnavailable,
+        TopicMissing,
+        IdentityMismatch,
+        FenceAheadOfLog,
+        SchemaOutdated,
+        DatabaseUrlError,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
@@ -98,19 +128,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     for handler in logging.getLogger().handlers:
         handler.addFilter(masking)
     from skillstats.kafka import TopicMissing
-    from skillstats.metrics import PortUnavailable
-    from skillstats.sinks.fences import FenceAheadOfLog
-    from skillstats.sinks.identity import IdentityMismatch
 
     try:
         return int(_module(args.command).run(args, configured))  # type: ignore[attr-defined]
-    except (UsageError, PortUnavailable, TopicMissing, IdentityMismatch, FenceAheadOfLog) as exc:
-        # A setting to fix or an operator's decision to make: the message says which. A missing topic also
-        # says which topic the database counts: the likely typo, and never a hint to create the misspelt one.
-        hint = topic_hint(configured, exc.topic) if isinstance(exc, TopicMissing) else ""
+    except operator_errors() as exc:
+        # A setting to fix or an operator's decision to make: the message says which. A missing events topic
+        # also says which topic the database counts: the likely typo, and never a hint to create the misspelt
+        # one (the DLQ topic is not one the database counts: no hint).
+        missing = isinstance(exc, TopicMissing) and exc.topic == configured.topic
+        hint = topic_hint(configured, exc.topic) if missing else ""
         parser.exit(EXIT_USAGE, mask(f"skillstats {args.command}: {exc}{hint}\n", secrets))
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`skillstats status | head`): nothing is wrong, nothing more to say.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from skillstats.config import Settings, redact_url
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# The exit statuses every command shares (docs/operations.md, 'Exit statuses', lists them and
+# tests/test_cli_usage.py walks that table); 3, a shutdown past its budget, is skillstats.shutdown's.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class UsageError(Exception):

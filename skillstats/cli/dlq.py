@@ -87,8 +87,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         replay,
         replay_book,
     )
-    from skillstats.kafka import TopicIds
-    from skillstats.lag import LagProbe
+    from skillstats.kafka import TopicIds, watermarks
     from skillstats.sinks.db import open_engine
     from skillstats.sinks.migrate import require_current
 
@@ -97,11 +96,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     listing = args.action == "list"
     if not listing and not (filtered or args.all):
         raise UsageError("say what to replay: --reason, --since, --source-offsets, or --all for everything")
-    probe = LagProbe(settings)
-    try:
-        ranges = probe.topic_offsets(settings.dlq_topic, retention=False).partitions
-    finally:
-        probe.close()
+    ranges = watermarks(settings, settings.dlq_topic)  # no such topic: TopicMissing, exit 2 with the hint
     parked = read_parked(settings, ranges, keep_payload=None if not listing and args.all else selection)
     chosen = [r for r in parked if selection(r)]
     if listing:
@@ -153,6 +148,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         if not plan.roots:
             if not chosen:
                 print("nothing parked matches; nothing replayed")
+                return EXIT_OK
+            if args.dry_run:  # a dry run that finds nothing to do did its job: it says so, exit 0
+                print(
+                    f"none of the {len(chosen)} matching parked record(s) would be replayed (see above; dry run: "
+                    f"nothing changed)"
+                )
                 return EXIT_OK
             raise UsageError(f"none of the {len(chosen)} matching parked record(s) can be replayed (see above)")
         if args.dry_run:

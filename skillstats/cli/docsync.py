@@ -25,7 +25,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "print a summary. Exit status 0 unless the drain failed (1; also when the database refused a "
         "partition's deltas: that partition is held back at its fence, every other one is applied, and the "
         "summary, the run row and `skillstats status` name it), or was refused (2: no such topic, a "
-        "database whose counts belong to another group or topic, a fence past its log end). With --every, "
+        "database whose counts belong to another group or topic, a fence past its log end, an empty `skills` "
+        "table without --allow-empty-registry). With --every, "
         "drain on that cadence until SIGTERM, serving metrics (a single drain serves none: the lag-exporter "
         "reports the last successful run)."
     )
@@ -46,6 +47,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="partitions per SQL transaction (default 4; halved on database errors)",
     )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object per drain")
+    parser.add_argument(
+        "--allow-empty-registry",
+        action="store_true",
+        help="drain even when the `skills` table has no rows (every event read is then skipped for good, as a "
+        "deleted skill's); without it such a drain is refused, exit 2, nothing read: create the registry's rows "
+        "first",
+    )
     shutdown_option(parser)
 
 
@@ -71,4 +79,5 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         shutdown_budget=budget(args.shutdown_budget),
+        allow_empty_registry=args.allow_empty_registry,
     )

@@ -7,8 +7,9 @@ wrote the tables. Those are an operator's decisions, never the worker's:
 
 - `reset --to start|end` starts a group over on the topic as it is now (and
   records the topic's id): `start` counts what the topic holds, `end` only what
-  arrives from now on. The dry run says, per partition, how many records each
-  choice counts again or leaves out;
+  arrives from now on. The dry run says, per partition, how many offsets each
+  choice applies again or leaves out (offsets, not records: a Kafka transaction's
+  marker takes an offset and holds no record);
 - `takeover --from OLD --group NEW` hands OLD's fences and its role to NEW (a
   renamed group), so NEW goes on where OLD stopped.
 
@@ -132,6 +133,7 @@ def show(args: argparse.Namespace, settings: Settings, engine: Any) -> int:
     marks = watermarks(settings, settings.topic)
     topic_id = TopicIds(settings).get(settings.topic)
     print(f"topic {settings.topic} on {settings.kafka_bootstrap}: id {topic_id}, {len(marks)} partitions")
+    print("(a fence is the next offset its group has not applied; the log runs from its start offset to its end)")
     for role, owner in sorted(owners(engine).items()):
         state = ""
         if owner.topic != settings.topic:
@@ -148,7 +150,7 @@ def show(args: argparse.Namespace, settings: Settings, engine: Any) -> int:
             fence = current.get(partition)
             state = "AHEAD OF LOG" if fence is not None and fence > high else ""
             if lost.get(partition):
-                state = f"{state} lost to retention {lost[partition]:,}".strip()
+                state = f"{state} {lost[partition]:,} offset(s) lost to retention".strip()
             line = f"  partition {partition:>3}  fence {fence if fence is not None else '-':>12}  log {low}..{high}"
             print(f"{line}  {state}".rstrip())
     return EXIT_OK
@@ -200,10 +202,10 @@ def reset(args: argparse.Namespace, settings: Settings, engine: Any) -> int:
             continue
         counted_to = low if plan.replaced or fence is None else min(max(fence, low), high)
         if args.to == "start":
-            count, what = counted_to - low, "counted again"
+            count, what = counted_to - low, "offset(s) applied again"
             again += count
         else:
-            count, what = high - counted_to, "never counted"
+            count, what = high - counted_to, "offset(s) never applied"
             skipped += count
         target = plan.targets[partition]
         print(f"  partition {partition:>3}  fence {shown:>12} -> {target:<12} {count:>10,} {what}{ahead}")
@@ -211,10 +213,16 @@ def reset(args: argparse.Namespace, settings: Settings, engine: Any) -> int:
         print(f"  partition {partition:>3}  fence {current[partition]:>12}    dropped: the topic has no such partition")
     if args.to == "start":
         print(
-            f"  {again:,} record(s) already counted would be counted again" if again else "  nothing is counted twice"
+            f"  {again:,} offset(s) already applied would be applied again: their records counted twice"
+            if again
+            else "  nothing is counted twice"
         )
     else:
-        print(f"  {skipped:,} record(s) in the topic would never be counted" if skipped else "  nothing is left out")
+        print(
+            f"  {skipped:,} offset(s) in the topic would never be applied: their records never counted"
+            if skipped
+            else "  nothing is left out"
+        )
     if plan.refusal is not None:
         raise UsageError(plan.refusal)
     if not _confirmed(args.confirm, RESET_TOKEN, "reset"):

@@ -22,10 +22,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "Per partition of the events topic, delete the records older than --retention-days AND below the "
         "committed offset of every required group (never above that group's SQL fence): Kafka's time retention "
         "alone can delete records a lagging group has not read; prune cannot. A partition where a required group "
-        "has no committed offset is left alone (not ready). Prints, per partition, the log start (low watermark), "
-        "the cutoff, the records below it and what set it. A dry run unless --apply --confirm "
-        "PRUNE_SKILL_STAT_EVENTS. With --hourly-days, also deletes the skill_hourly_stats rows of hours that ended "
-        "more than N days ago, a few thousand rows per transaction."
+        "has no committed offset is left alone (not ready); an empty one says 'empty: no records'. Prints, per "
+        "partition, the log start (low watermark), the cutoff, the offsets below it and what set it. A dry run "
+        "unless --apply --confirm PRUNE_SKILL_STAT_EVENTS. With --hourly-days, also deletes the skill_hourly_stats "
+        "rows of hours that ended more than N days ago, a few thousand rows per transaction."
     )
     kafka_options(parser)
     database_options(parser)
