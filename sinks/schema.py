@@ -169,4 +169,5 @@ ingest_requests = Table(
     Column("claimed_at", DateTime, nullable=False),
     Column("expires_at", DateTime, nullable=False, index=True),
     Column("renewed_at", DateTime, nullable=True),  # the lease renewed while the request waits on its commit
+    Column("lease_until", DateTime, nullable=True),  # where the claimant's own lease ends (migration 0008)
 )

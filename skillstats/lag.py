@@ -58,7 +58,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
 from skillstats.config import FIRST_ANSWER_S, Settings, redact_url
-from skillstats.kafka import RefusalWatch, TopicIds, cluster_metadata, while_moving
+from skillstats.kafka import KafkaRefused, RefusalWatch, TopicIds, TopicMissing, cluster_metadata, while_moving
 from skillstats.sinks.fences import PartitionFences
 from skillstats.sinks.identity import DOCSYNC, WINDOWS, Owner, owners  # the `role` label: rules match roles
 from skillstats.sinks.recovery import describe
@@ -192,7 +192,7 @@ class LagProbe:
     def topic_offsets(self, name: str, *, retention: bool = True) -> TopicOffsets:
         metadata = cluster_metadata(self.admin, self.refusals, self.settings, self.timeout, name).topics.get(name)
         if metadata is None or metadata.error is not None:
-            raise LookupError(f"topic {name!r} does not exist on {self.settings.kafka_bootstrap}")
+            raise TopicMissing(self.settings, name)
         partitions = sorted(metadata.partitions)
         starts = self._list_offsets(name, partitions, OffsetSpec.earliest())
         ends = self._list_offsets(name, partitions, OffsetSpec.latest())
@@ -369,6 +369,11 @@ EXPORTED: dict[str, tuple[type[Family], str, list[str]]] = {
     "skillstats_lag_exporter_database_up": (_G, "1 when the last read of the database succeeded", []),
     "skillstats_lag_exporter_last_success_timestamp_seconds": (_G, "When Kafka was last measured (0: never)", []),
     "skillstats_lag_exporter_measure_seconds": (_G, "How long the last measurement took", []),
+    "skillstats_lag_exporter_measurements": (
+        _C,
+        "Kafka measurements the exporter made, by result: ok, failed (Kafka unreachable or a request timed out)",
+        ["result"],
+    ),
     "skillstats_kafka_log_start_offset": (_G, "First offset still in the log", ["topic", "partition"]),
     "skillstats_kafka_log_end_offset": (_G, "Next offset to be written (high watermark)", ["topic", "partition"]),
     "skillstats_kafka_topic_retention_seconds": (_G, "The topic's retention.ms (absent: unlimited)", ["topic"]),
@@ -423,6 +428,12 @@ class LagExporter(Collector):
     would look like the truth), and skillstats_lag_exporter_last_success_timestamp_seconds
     says since when. The lag in seconds is aged at scrape time, so a backlog
     nobody reads keeps getting older between measurements.
+
+    Both threads start at once, whether or not Kafka answers: a broker that is
+    away at start is an outage like any other, said once (WARNING) and once when
+    it ends, and the database is read meanwhile. Credentials or TLS that Kafka
+    refuses are not: no retry cures them, so the first refusal a measurement
+    meets sets `refusal` and `stop`, and the command exits 1 with it.
     """
 
     def __init__(
@@ -444,6 +455,10 @@ class LagExporter(Collector):
         self.applied: dict[str, dict[int, int]] = {}
         self.lost: dict[str, dict[int, int]] = {}
         self._database_failed = False
+        self._kafka_failed_since: float | None = None  # epoch seconds; the outage's first failure
+        self._kafka_failures = 0
+        self.measurements = {"ok": 0, "failed": 0}
+        self.refusal: KafkaRefused | None = None
         self.owners: dict[str, Owner] | None = None
         self.last_success = 0.0
         self.measure_seconds = 0.0
@@ -480,22 +495,45 @@ class LagExporter(Collector):
             self.stop.wait(max(0.0, self.interval - (time.monotonic() - began)))
 
     def refresh(self) -> None:
-        """One Kafka measurement."""
+        """One Kafka measurement: the first said at INFO; an outage's first failure and its end at WARNING, once
+        each, not once per interval."""
         began = time.monotonic()
         try:
             if self._probe is None:
                 self._probe = LagProbe(self.settings, self.timeout)
             self.snapshot = self._probe.measure(groups_of(self.settings), self.applied)
+            first = self.last_success == 0.0
             self.last_success = time.time()
-            if not self.kafka_up:
-                # The first measurement at INFO; the end of an outage at WARNING, like its start.
-                level = logging.WARNING if self.last_success else logging.INFO
-                again = " again" if self.last_success else ""
-                log.log(level, "measuring lag of %s on %s%s", self.settings.topic, self.settings.kafka_bootstrap, again)
+            where = (self.settings.topic, self.settings.kafka_bootstrap)
+            if self._kafka_failed_since is not None:
+                log.warning(
+                    "measuring lag of %s on %s again, after %.0fs unreachable (%d failed measurement(s))",
+                    *where,
+                    self.last_success - self._kafka_failed_since,
+                    self._kafka_failures,
+                )
+            elif first:
+                log.info("measuring lag of %s on %s", *where)
+            self._kafka_failed_since, self._kafka_failures = None, 0
+            self.measurements["ok"] += 1
             self.kafka_up = True
+        except KafkaRefused as exc:  # credentials or TLS: no retry cures it, the command stops (exit 1)
+            self.refusal = exc
+            self.kafka_up = False
+            self.stop.set()
         except Exception as exc:
-            if self.kafka_up or self.last_success == 0.0:
-                log.warning("cannot measure lag on %s: %s", self.settings.kafka_bootstrap, exc)
+            if self._kafka_failed_since is None:
+                self._kafka_failed_since = time.time()
+                kept = f", the last measurement served until it is {self.keep_for:.0f}s old" if self.snapshot else ""
+                log.warning(
+                    "cannot measure lag on %s: %s; skillstats_lag_exporter_up 0%s, trying again every %gs",
+                    self.settings.kafka_bootstrap,
+                    exc,
+                    kept,
+                    self.interval,
+                )
+            self._kafka_failures += 1
+            self.measurements["failed"] += 1
             self.kafka_up = False
             if self.snapshot is not None and time.time() - self.snapshot.measured_at > self.keep_for:
                 self.snapshot = None
@@ -550,6 +588,8 @@ class LagExporter(Collector):
         f["skillstats_lag_exporter_database_up"].add_metric([], 1.0 if self.database_up else 0.0)
         f["skillstats_lag_exporter_last_success_timestamp_seconds"].add_metric([], self.last_success)
         f["skillstats_lag_exporter_measure_seconds"].add_metric([], self.measure_seconds)
+        for result, count in self.measurements.items():
+            f["skillstats_lag_exporter_measurements"].add_metric([result], count)
         if self.docsync_success is not None:
             f["skillstats_docsync_last_success_timestamp_seconds"].add_metric(
                 [self.settings.docsync_group], self.docsync_success.timestamp()

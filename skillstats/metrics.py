@@ -2,7 +2,8 @@
 
 One module, fed by hooks: the windows pipeline hands each batch's outcome to
 `PipelineMetrics.batch`, docsync hands each drain's summary to `drain`, and a
-worker's `Health` is read at scrape time by one collector (`watch_health`), so
+worker's `Health` (its database) and `KafkaReach` (whether Kafka answers it)
+are read at scrape time by one collector (`watch_health`, `watch_kafka`), so
 no metric is updated from the middle of the code that does the work. The
 lag-exporter's metrics (offsets, lag in messages and seconds, group state) are
 measured per scrape interval by `skillstats.lag`, which describes them there.
@@ -29,7 +30,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import (
     REGISTRY,
@@ -158,6 +159,7 @@ INGEST_ACCEPT_SECONDS = Histogram(
     "From a request's arrival to its 202: reading, validating, the Kafka transaction, the idempotency key",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+INGEST_OUTCOMES = ("committed", "aborted", "unknown")
 INGEST_TRANSACTIONS = Counter(
     "skillstats_ingest_transactions",
     "Kafka transactions of `skillstats ingest`, by outcome: committed, aborted (its requests got 503), unknown "
@@ -176,10 +178,13 @@ INGEST_QUEUED = Gauge(
 
 
 class IngestMetrics:
-    """`skillstats ingest`'s hooks: one call per answered request, and the producer's queue read at scrape time."""
+    """`skillstats ingest`'s hooks: one call per answered request, one per Kafka transaction (the publisher's
+    `on_outcome`), and the producer's queue read at scrape time. Each transaction outcome is exported from the
+    start, at 0: a rate of aborts is then a number, not a series that appears with the first one."""
 
     def __init__(self, queued_records: Callable[[], int]) -> None:
         self._status: dict[int, Counter] = {}
+        self._outcomes = {outcome: INGEST_TRANSACTIONS.labels(outcome) for outcome in INGEST_OUTCOMES}
         INGEST_QUEUED.set_function(queued_records)
 
     def answered(self, status: int, accepted: int, rejected: Mapping[str, int], seconds: float | None) -> None:
@@ -195,14 +200,28 @@ class IngestMetrics:
             INGEST_ACCEPT_SECONDS.observe(seconds)
 
     def transaction(self, outcome: str) -> None:
-        INGEST_TRANSACTIONS.labels(outcome).inc()
+        child = self._outcomes.get(outcome)
+        (child if child is not None else INGEST_TRANSACTIONS.labels(outcome)).inc()
 
 
 _watched: dict[str, Health] = {}
 
 
+class KafkaReachability(Protocol):
+    """What a windows worker knows of Kafka (streams/windows.py, KafkaReach), read at scrape time."""
+
+    @property
+    def unreachable(self) -> bool: ...
+
+    client_errors: int
+
+
+_watched_kafka: dict[str, KafkaReachability] = {}
+
+
 class _HealthCollector(Collector):
-    """The degraded state and database retries, read from each watched worker's Health at scrape time."""
+    """The degraded state and database retries, read from each watched worker's Health at scrape time; whether
+    its Kafka answers, from its KafkaReach."""
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         degraded = GaugeMetricFamily(
@@ -213,11 +232,29 @@ class _HealthCollector(Collector):
         retries = CounterMetricFamily(
             "skillstats_sql_retries", "Database operations retried after an error", labels=["group"]
         )
+        unreachable = GaugeMetricFamily(
+            "skillstats_kafka_unreachable",
+            "1 while the windows worker hears nothing from Kafka: no fetch of its partitions answered for 10s (or, "
+            "with none to fetch, a positioning or the periodic check could not reach it); it is not consuming",
+            labels=["group"],
+        )
+        client_errors = CounterMetricFamily(
+            "skillstats_kafka_client_errors",
+            "Failed attempts to reach a broker or the group coordinator that the windows worker's Kafka client "
+            "(aiokafka) logged: folded into the worker's own lines, one when Kafka is found unreachable and one "
+            "when it answers again",
+            labels=["group"],
+        )
         for group, health in list(_watched.items()):
             degraded.add_metric([group], 1.0 if health.degraded else 0.0)
             retries.add_metric([group], float(health.retries))
+        for group, kafka in list(_watched_kafka.items()):
+            unreachable.add_metric([group], 1.0 if kafka.unreachable else 0.0)
+            client_errors.add_metric([group], float(kafka.client_errors))
         yield degraded
         yield retries
+        yield unreachable
+        yield client_errors
 
     def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         return self.collect()
@@ -229,6 +266,11 @@ REGISTRY.register(_HealthCollector())
 def watch_health(group: str, health: Health) -> None:
     """Export `health` (degraded, retries) under `group` from now on."""
     _watched[group] = health
+
+
+def watch_kafka(group: str, kafka: KafkaReachability) -> None:
+    """Export `kafka` (unreachable, the client's errors) under `group` from now on."""
+    _watched_kafka[group] = kafka
 
 
 class PipelineMetrics:
@@ -332,6 +374,13 @@ def docsync_held(group: str, held: Mapping[int, int]) -> None:
 
 
 # ---------------------------------------------------------------------- serving
+
+# Where the metrics port listens unless told (--metrics-host, SKILLSTATS_METRICS_HOST): every interface. The
+# kubelet probes a pod at its pod IP and Prometheus scrapes it from another pod or container, so a loopback default
+# would fail every liveness probe (restarts for ever) wherever the setting was forgotten; what the port serves is
+# read-only figures and probe answers, no secret (URLs masked). The cost: on a bare host anyone who can reach the
+# port reads them; give --metrics-host 127.0.0.1 there. The Kubernetes ConfigMap states it (docs/deploy.md).
+METRICS_HOST = "0.0.0.0"
 
 Probe = Callable[[], str | None]  # None when fine, else why not
 

@@ -57,7 +57,7 @@ from sqlalchemy import insert, update
 from skillstats.config import Settings, redact_url
 from skillstats.contract import decode_many
 from skillstats.kafka import KafkaUnreachable, TopicMissing
-from skillstats.metrics import Probes, docsync_held, drain_finished, serve
+from skillstats.metrics import METRICS_HOST, Probes, docsync_held, drain_finished, serve
 from skillstats.positions import Positions
 from skillstats.retry import Backoff
 from skillstats.shutdown import DEFAULT_BUDGET_S, ShutdownWatchdog
@@ -555,7 +555,7 @@ def run(
     *,
     every: float | None,
     emit: Callable[[DrainSummary], Any],
-    metrics_host: str = "0.0.0.0",
+    metrics_host: str = METRICS_HOST,
     metrics_port: int = 0,
     shutdown_budget: float = DEFAULT_BUDGET_S,
     allow_empty_registry: bool = False,

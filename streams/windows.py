@@ -29,7 +29,12 @@ Kafka's committed offsets (docs/contract.md, exactly once):
   windows tables inside it (sinks/identity.py): a recreated topic or a renamed
   group stops the worker (exit 2) before anything is counted against it;
 - offsets are committed to Kafka only after the SQL commit, and only up to the
-  fence: a hint for lag tools (`kafka-consumer-groups`), never a position.
+  fence: a hint for lag tools (`kafka-consumer-groups`), never a position;
+- a worker cut off from Kafka says so itself (`KafkaReach`): one WARNING when no
+  fetch has been answered for KAFKA_SILENCE_SECONDS, one when Kafka answers
+  again, /readyz 503 and `skillstats_kafka_unreachable` 1 in between, while
+  aiokafka's own line per failed connection attempt (about 80 a second) is
+  folded into those two (`KafkaClientNoise`).
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import faust
 from aiokafka.consumer.fetcher import FetchError
@@ -60,13 +65,13 @@ from sqlalchemy import Engine
 
 from skillstats.config import MaskSecrets, Settings, redact_url
 from skillstats.dlq import DeadLetters
-from skillstats.kafka import TopicMissing
-from skillstats.metrics import PipelineMetrics, Probes, serve
+from skillstats.kafka import KafkaUnreachable, TopicMissing
+from skillstats.metrics import METRICS_HOST, PipelineMetrics, Probes, serve, watch_kafka
 from skillstats.positions import Positions
 from skillstats.retry import Backoff, Outage
 from skillstats.shutdown import DEFAULT_BUDGET_S, ShutdownWatchdog, batch_budget
 from skillstats.sinks.fences import FenceAheadOfLog
-from skillstats.sinks.identity import WINDOWS, IdentityMismatch, Owner
+from skillstats.sinks.identity import WINDOWS, IdentityMismatch, Owner, commit_metadata_for
 from skillstats.sinks.pipeline import BatchSink, Chunk, Ownership, WindowsPipeline
 from skillstats.sinks.recovery import describe
 from skillstats.sinks.windows import WindowsSink
@@ -91,6 +96,170 @@ REFUSALS = (FenceAheadOfLog, IdentityMismatch, TopicMissing)
 # How often a worker checks its claim (the topic's id, the database's owner) besides every
 # assignment and every batch: what a worker with nothing to read would otherwise miss.
 WATCH_SECONDS = 10.0
+# How long a worker reading partitions goes without any answer from Kafka before it says it is cut
+# off (KafkaReach). The broker answers an idle partition's fetch after at most 1.5 s (faust's
+# fetch_max_wait_ms), so this is six silent rounds: past a broker's GC pause or a leader moving,
+# yet said within seconds of the bound start-up and positioning give Kafka's first answer
+# (FIRST_ANSWER_S, 8 s). The cost: an outage shorter than this is said by nothing but aiokafka's
+# first line of it (at INFO).
+KAFKA_SILENCE_SECONDS = 10.0
+# Outside an outage the worker has declared, at most one of aiokafka's connection lines is shown in
+# this long (at INFO); the rest are counted (skillstats_kafka_client_errors_total). A broker that
+# stays away while the worker's partitions are read elsewhere is still mentioned every minute.
+CLIENT_LINE_EVERY_SECONDS = 60.0
+# What aiokafka logs, at ERROR or WARNING, for every failed attempt to reach a broker or the group's
+# coordinator: it retries every 100 ms (retry_backoff_ms), so a broker away is 80 such lines a second.
+# These are symptoms of what KafkaReach reports once; matched on the message template (the texts are
+# pinned by tests/test_windows_outage.py against the aiokafka version in use).
+_KAFKA_CLIENT_NOISE = (
+    "Unable connect to",  # client.py: a connection to a broker (or a bootstrap address) failed
+    "Unable to request metadata from",
+    "Unable to update metadata from",
+    "Failed fetch messages from",  # fetcher.py
+    "Failed fetch offsets from",
+    "Group Coordinator Request failed",  # group_coordinator.py
+    "-- marking coordinator dead",  # "Error sending <request> to node <id> [<error>] -- marking ..."
+    "Heartbeat send request failed",
+    "Heartbeat session expired",
+    "Marking the coordinator dead",
+    "is either not started or not valid",
+)
+
+
+def _utc(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+class KafkaReach:
+    """Whether the worker hears from Kafka: said once when it stops (WARNING), once when it hears again.
+
+    What counts as hearing from Kafka: a fetch of an assigned partition answered
+    (aiokafka stamps each answer, records or not: `last_poll_timestamp`, public),
+    records handed on, an assignment, a partition positioned at its fence, and,
+    for a worker with nothing to fetch, the periodic claim check (WATCH_SECONDS).
+    While partitions are being fetched, no answer for `silence` seconds is an
+    outage, dated from the last answer. With nothing to fetch (no partition, or
+    none positioned yet), an outage is a positioning or a claim check that could
+    not reach Kafka; the silence of fetches that are not made says nothing.
+
+    aiokafka's own lines (KafkaClientNoise hands them to `client_error`) are
+    counted and the latest kept as the outage's cause; outside an outage one a
+    minute is shown. Thread-safe: aiokafka logs from its own thread.
+    """
+
+    def __init__(self, bootstrap: str, silence: float = KAFKA_SILENCE_SECONDS) -> None:
+        self.bootstrap = bootstrap
+        self.silence = silence
+        self.since: float | None = None  # while unreachable: when Kafka last answered (epoch seconds)
+        self.cause: str | None = None  # while unreachable: why, as said
+        self.client_errors = 0  # aiokafka connection lines seen, ever (skillstats_kafka_client_errors_total)
+        self.last_client_error: str | None = None
+        self._lock = threading.Lock()
+        self._heard_at = time.monotonic()
+        self._heard_wall = time.time()
+        self._errors_at_heard = 0
+        self._polled = 0  # the newest fetch answer's stamp last seen (aiokafka's, epoch ms)
+        self._fetching = False
+        self._shown_at = float("-inf")
+
+    @property
+    def unreachable(self) -> bool:
+        return self.since is not None
+
+    @property
+    def fetching_now(self) -> bool:
+        return self._fetching
+
+    def heard(self) -> None:
+        """Kafka answered just now: the end of an outage, if there was one."""
+        with self._lock:  # the lines are logged outside it: logging runs KafkaClientNoise, which takes it
+            self._heard_at, self._heard_wall = time.monotonic(), time.time()
+            ended, self.since, self.cause = self.since, None, None
+            folded, self._errors_at_heard = self.client_errors - self._errors_at_heard, self.client_errors
+        if ended is not None:
+            log.warning(
+                "Kafka at %s answers again: reading again after %.0fs unreachable (%d aiokafka connection error "
+                "line(s) meanwhile, folded)",
+                self.bootstrap,
+                self._heard_wall - ended,
+                folded,
+            )
+
+    def fetched(self, records: bool, polled: int | None) -> None:
+        """After each fetch of positioned partitions: records handed on, and the newest fetch answer's stamp
+        (a wall-clock stamp: any change is a new answer, so a clock set back cannot fake a silence)."""
+        if records or (polled is not None and polled != self._polled):
+            self._polled = polled if polled is not None else self._polled
+            self.heard()
+        elif self.since is None and time.monotonic() - self._heard_at >= self.silence:
+            self._declare(f"no fetch answered for {self.silence:.0f}s")
+
+    def fetching(self, now: bool) -> None:
+        """Whether the drain fetches positioned partitions now. Silence is timed only while it does: when
+        fetching starts again (after a rebalance, a positioning) the wait for an answer starts then."""
+        if now and not self._fetching and self.since is None:
+            self._heard_at = max(self._heard_at, time.monotonic())
+        self._fetching = now
+
+    def lost(self, problem: str) -> None:
+        """Kafka did not answer a request of the worker's own (a positioning, the claim check): an outage when
+        nothing is being fetched (while fetches are, their answers decide)."""
+        if not self._fetching and self.since is None:
+            self._declare(problem)
+
+    def client_error(self, message: str) -> bool:
+        """One of aiokafka's connection lines: counted; True when it is to be shown (one a minute, outside an
+        outage this worker has said)."""
+        with self._lock:
+            self.client_errors += 1
+            self.last_client_error = message
+            if self.since is not None:
+                return False
+            now = time.monotonic()
+            if now - self._shown_at < CLIENT_LINE_EVERY_SECONDS:
+                return False
+            self._shown_at = now
+            return True
+
+    def problem(self) -> str | None:
+        """For /readyz: why the worker is not consuming, while Kafka is unreachable."""
+        since, cause = self.since, self.cause
+        return None if since is None else f"Kafka at {self.bootstrap} unreachable since {_utc(since)}: {cause}"
+
+    def _declare(self, problem: str) -> None:
+        with self._lock:
+            if self.since is not None:
+                return
+            last = self.last_client_error if self.client_errors > self._errors_at_heard else None
+            since, cause = self._heard_wall, f"{problem} (aiokafka: {last})" if last else problem
+            self.cause, self.since = cause, since  # the cause first: `problem` reads them without the lock
+        log.warning(
+            "Kafka at %s unreachable since %s: %s; not consuming until it answers (/readyz 503, "
+            "skillstats_kafka_unreachable 1); aiokafka's repeats are folded into this line and the next",
+            self.bootstrap,
+            _utc(since),
+            cause,
+        )
+
+
+class KafkaClientNoise(logging.Filter):
+    """aiokafka's connection lines (_KAFKA_CLIENT_NOISE) handed to KafkaReach: one a minute shown at INFO
+    outside an outage, none during one (the outage's two lines say it), all of them at DEBUG with
+    --log-level debug."""
+
+    def __init__(self, reach: KafkaReach, shown_level: int) -> None:
+        super().__init__()
+        self.reach = reach
+        self.shown_level = shown_level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("aiokafka") or not any(text in str(record.msg) for text in _KAFKA_CLIENT_NOISE):
+            return True
+        if self.reach.client_error(record.getMessage()):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            return self.shown_level <= logging.INFO
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return self.shown_level <= logging.DEBUG
 
 
 @dataclass(slots=True)
@@ -179,6 +348,7 @@ class PartitionReads:
         for tp in done:
             self.readings[tp.partition] = Reading(targets[tp], assignment, step, targets[tp])
             self.sink.fences[tp.partition] = targets[tp]
+        self.app.kafka.heard()  # the starts came from Kafka (the log's offsets, the topic's id)
         if self._failures:
             self._outage.recovered("positioning at the SQL fences works again")
         elif self.problem:
@@ -206,9 +376,14 @@ class PartitionReads:
                 raise error
             elif error is not None:  # not known now: the next batch's own check stands
                 log.debug("could not check the topic's id: %s", error)
-            elif self.problem is not None and self._failures == 0:
-                log.info("topic %s is back", self.topic)
-                self.problem = None
+                if isinstance(error, KafkaUnreachable):  # an outage, for a worker with nothing to fetch
+                    self.app.kafka.lost(f"the periodic check of the topic's id: {describe(error)}")
+            else:
+                if not self.app.kafka.fetching_now:  # fetching, the fetches' answers decide
+                    self.app.kafka.heard()
+                if self.problem is not None and self._failures == 0:
+                    log.info("topic %s is back", self.topic)
+                    self.problem = None
         if self._watching is None and time.monotonic() - self._watched_at >= WATCH_SECONDS:
             self._watched_at = time.monotonic()
             self._watching = asyncio.ensure_future(
@@ -220,13 +395,17 @@ class PartitionReads:
         self._retry_at = time.monotonic() + delay
         self.problem = f"cannot position the assigned partitions at their SQL fences: {exc}"
         settings = self.positions.settings
+        self._failures += 1
+        if isinstance(exc, KafkaUnreachable):
+            self.app.kafka.lost(f"positioning at the SQL fences: {describe(exc)}")
+            if self.app.kafka.unreachable:  # said once, by KafkaReach, with when it began
+                return
         self._outage.failed(
             f"positioning at the SQL fences (Kafka at {settings.kafka_bootstrap}, "
             f"the database {redact_url(settings.database_url)})",
             describe(exc),
             delay,
         )
-        self._failures += 1
 
     def fetchable(self, consumer: FencedConsumer) -> set[TP]:
         return {tp for tp in consumer.assignment() if tp.topic == self.topic and tp.partition in self.readings}
@@ -285,12 +464,23 @@ async def _seek_in_thread(consumer: Any, targets: Mapping[TP, int], steps: Any) 
     return assignment, next(steps), done
 
 
-async def _fetch_in_thread(
-    consumer: Any, partitions: set[TP], timeout: float, max_records: int, steps: Any
-) -> tuple[Mapping[Any, Sequence[Any]], Any, int, set[int], dict[int, int]]:
+class Fetch(NamedTuple):
+    """What `_fetch_in_thread` found."""
+
+    records: Mapping[Any, Sequence[Any]]
+    assignment: Any  # aiokafka's Assignment the records were taken in
+    step: int
+    lost: set[int]  # partitions whose position is out of range or unknown
+    positions: dict[int, int]  # each partition's position right after
+    polled: int | None  # the newest answer to a fetch of these partitions (aiokafka's stamp, epoch ms)
+    watched: bool  # aiokafka fetches at least one of them (not paused): their silence means something
+
+
+async def _fetch_in_thread(consumer: Any, partitions: set[TP], timeout: float, max_records: int, steps: Any) -> Fetch:
     """In aiokafka's thread: the records fetched for `partitions`, the assignment and step they were taken in,
-    the partitions whose position is out of range or unknown (to be positioned again), and each partition's
-    position right after (past the transaction markers and aborted records aiokafka passed)."""
+    the partitions whose position is out of range or unknown (to be positioned again), each partition's
+    position right after (past the transaction markers and aborted records aiokafka passed), and when a fetch
+    of them was last answered (the public `last_poll_timestamp`: stamped on every answer, records or not)."""
     fetcher = consumer._fetcher
     if consumer._closed or fetcher._closed:
         raise ConsumerStoppedError()
@@ -307,17 +497,25 @@ async def _fetch_in_thread(
     subscription = consumer._subscription.subscription
     assignment = subscription.assignment if subscription is not None else None
     positions: dict[int, int] = {}
+    polled: int | None = None
+    watched = False
     if assignment is not None and assignment.active:
+        paused = consumer.paused()
         for tp in partitions:
             atp = aiokafka_driver.ensure_aiokafka_TP(tp)
             state = assignment.state_value(atp) if atp in assignment.tps else None
+            if state is not None and atp not in paused:
+                watched = True
+                stamp = consumer.last_poll_timestamp(atp)
+                if stamp is not None and (polled is None or stamp > polled):
+                    polled = stamp
             # Not past a record aiokafka skipped with an error still to raise (a record too
             # large for the fetch moves the position over it): that is no marker to pass.
             if isinstance(fetcher._records.get(atp), FetchError):
                 continue
             if state is not None and state.has_valid_position:
                 positions[tp.partition] = state.position
-    return records, assignment, next(steps), lost, positions
+    return Fetch(records, assignment, next(steps), lost, positions, polled, watched)
 
 
 async def _commit_in_thread(consumer: Any, offsets: Mapping[TP, int], metadata: str) -> bool:
@@ -386,7 +584,7 @@ class FencedConsumer(aiokafka_driver.Consumer):
         reads: PartitionReads | None = getattr(self.app, "reads", None)
         if not clamped or reads is None or not reads.positions.mark:
             return False
-        consumer, mark = self._thread._ensure_consumer(), reads.positions.mark
+        consumer, mark = self._thread._ensure_consumer(), commit_metadata_for(reads.positions.mark)
         return bool(await self._thread.call_thread(_commit_in_thread, consumer, clamped, mark))
 
     async def commit_fences(self, fences: dict[int, int]) -> bool:
@@ -400,6 +598,8 @@ class FencedConsumer(aiokafka_driver.Consumer):
         try:
             while not (self.should_stop or fetcher.should_stop):
                 if not self.flow_active:  # a rebalance under way: faust resumes the flow after it
+                    app.kafka.fetching(False)
+                    await reads.watch()  # a rebalance that Kafka's absence holds up is said too
                     await sink.idle()
                     await asyncio.sleep(0.05)
                     continue
@@ -407,12 +607,16 @@ class FencedConsumer(aiokafka_driver.Consumer):
                 await reads.watch()
                 wanted = reads.fetchable(self)
                 if not wanted:
+                    app.kafka.fetching(False)
                     await sink.idle()
                     await asyncio.sleep(0.2)
                     continue
-                records, assignment, step, lost, positions = await self._thread.call_thread(
+                records, assignment, step, lost, positions, polled, watched = await self._thread.call_thread(
                     _fetch_in_thread, self._thread._ensure_consumer(), wanted, 0.2, max_records, reads.steps
                 )
+                app.kafka.fetching(watched)
+                if watched:
+                    app.kafka.fetched(any(records.values()), polled)
                 if lost:
                     log.info("partitions %s: position out of range or unknown; positioning again", sorted(lost))
                     reads.forget(lost, "out_of_range")
@@ -475,6 +679,7 @@ class WindowsApp(faust.App):
     ownership: Ownership
     shutdown_budget: float
     shutdown_watchdog: ShutdownWatchdog
+    kafka: KafkaReach
     refusal: BaseException | None = None  # what stopped the worker with exit status 2
     start_message: str = "started"
     heartbeat: float = 0.0  # time.monotonic() of the event loop's last turn (see `live`)
@@ -486,9 +691,12 @@ class WindowsApp(faust.App):
         return None if silent < LOOP_STALL_SECONDS else f"event loop silent for {silent:.0f}s"
 
     def ready(self) -> str | None:
-        """/readyz: joined the group, its partitions positioned, and the database is not failing."""
+        """/readyz: joined the group, hears from Kafka, its partitions positioned, the database not failing."""
         if self.refusal is not None:
             return f"refused: {self.refusal}"
+        unreachable = self.kafka.problem()
+        if unreachable is not None:
+            return unreachable
         if not self.joined:
             return "not yet joined the consumer group"
         if self.reads.problem is not None:
@@ -557,9 +765,10 @@ def build_app(
     instance_id: str | None = None,
     engine: Engine | None = None,
     owner: Owner | None = None,
+    kafka: KafkaReach | None = None,
 ) -> WindowsApp:
     """The worker; `engine` and `owner` (the role claimed) as start-up found them (made here, and claimed at the
-    first assignment, when not given)."""
+    first assignment, when not given); `kafka`, the reach its log filter reports to (run's)."""
     app = WindowsApp(
         settings.windows_group,
         broker=f"kafka://{settings.kafka_bootstrap}",
@@ -586,6 +795,8 @@ def build_app(
     app.shutdown_budget = shutdown_budget
     app.shutdown_watchdog = ShutdownWatchdog("windows", shutdown_budget)
     app.heartbeat = time.monotonic()
+    app.kafka = kafka or KafkaReach(settings.kafka_bootstrap)
+    watch_kafka(settings.windows_group, app.kafka)
     # Registered with faust's conductor so the consumer subscribes to it; no agent
     # iterates it, the batch drain above reads it.
     app.topics.add(app.topic(settings.topic, key_type=bytes, value_type=bytes))
@@ -635,6 +846,7 @@ def build_app(
     async def on_assigned(_app: Any, assigned: set[TP], **_: Any) -> None:
         partitions = {tp.partition for tp in assigned if tp.topic == settings.topic}
         log.info("assigned partitions %s of %s", sorted(partitions) or "none", settings.topic)
+        app.kafka.heard()  # the group's coordinator answered
         app.joined = True
         pipeline.metrics.assigned(len(partitions))
         app.ownership.owned = frozenset(partitions)
@@ -679,13 +891,18 @@ class RoutineAtInfo(logging.Filter):
         return True
 
 
-def logging_config(level: str, secrets: list[str]) -> dict[str, Any]:
-    """Plain lines on stdout (no colour codes, no spinner), secrets masked, routine noise at INFO."""
+def logging_config(level: str, secrets: list[str], kafka: KafkaReach | None = None) -> dict[str, Any]:
+    """Plain lines on stdout (no colour codes, no spinner), secrets masked, routine noise at INFO, aiokafka's
+    connection lines handed to `kafka` (KafkaClientNoise)."""
     number = logging.getLevelName(level.upper())
+    filters: dict[str, Any] = {}
+    if kafka is not None:  # first: it sees aiokafka's lines as they were logged
+        filters["kafka"] = {"()": KafkaClientNoise, "reach": kafka, "shown_level": number}
     return {
         "version": 1,
         "disable_existing_loggers": False,
         "filters": {
+            **filters,
             "routine": {"()": RoutineAtInfo, "shown_level": number},
             "mask": {"()": MaskSecrets, "secrets": secrets},
         },
@@ -695,7 +912,7 @@ def logging_config(level: str, secrets: list[str]) -> dict[str, Any]:
                 "class": "logging.StreamHandler",
                 "stream": "ext://sys.stdout",
                 "formatter": "plain",
-                "filters": ["routine", "mask"],
+                "filters": [*filters, "routine", "mask"],
             }
         },
         "root": {"level": number, "handlers": ["default"]},
@@ -710,7 +927,7 @@ def run(
     settings: Settings,
     *,
     log_level: str = "info",
-    metrics_host: str = "0.0.0.0",
+    metrics_host: str = METRICS_HOST,
     metrics_port: int = 0,
     **options: Any,
 ) -> None:
@@ -720,7 +937,8 @@ def run(
     attempt) with /healthz 200 and /readyz 503; a setting that cannot work (no
     such topic, another group's database, a replaced topic) exits 2 at once.
     """
-    logging.config.dictConfig(logging_config(log_level, settings.secrets()))
+    kafka = KafkaReach(settings.kafka_bootstrap)
+    logging.config.dictConfig(logging_config(log_level, settings.secrets(), kafka))
     starting = Starting("windows")
     if metrics_port:
         serve(metrics_host, metrics_port, Probes(starting.live, starting.ready))
@@ -736,7 +954,7 @@ def run(
     for number, handler in previous.items():
         signal.signal(number, handler)
     engine, owner = ready
-    app = build_app(settings, engine=engine, owner=owner, **options)
+    app = build_app(settings, engine=engine, owner=owner, kafka=kafka, **options)
     starting.delegate(app.live, app.ready)
     # aiokafka allocates a GC-tracked record object per message, so at the default
     # threshold (700) the cyclic collector ran every few hundred records and cost
@@ -746,7 +964,7 @@ def run(
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
     worker = faust.Worker(
-        app, loglevel=log_level, quiet=True, logging_config=logging_config(log_level, settings.secrets())
+        app, loglevel=log_level, quiet=True, logging_config=logging_config(log_level, settings.secrets(), kafka)
     )
     worker.spinner = None  # a service's log is a file, not a terminal
     try:

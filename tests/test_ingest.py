@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -222,9 +224,37 @@ def test_every_bad_input_gets_its_answer_and_publishes_nothing(settings: Setting
     metrics = get(url + "/metrics")[1]
     assert 'skillstats_ingest_requests_total{status="400"} 6.0' in metrics
     assert 'skillstats_ingest_events_rejected_total{reason="unknown_kind"} 1.0' in metrics
+
+    # Each refusal is logged (it was not at all), once per client and reason: the same ones again add no line.
+    for _again in range(3):
+        assert post(url, good, token="guess")[0] == 401
+        assert post(url, b'{"v": 1,', content_type="application/json")[0] == 400
+        assert post(url, b"\n".join([good] * 6))[0] == 413
     assert ingest.terminate() == 0
     assert TOKEN not in ingest.log_path.read_text() and "guess" not in ingest.log_path.read_text()
     assert "Traceback" not in ingest.log_path.read_text()
+    said = r"refused a request from 127\.0\.0\.1( \(token sha256:[0-9a-f]{8}\))?: (\d{3}) (.+)"
+    refusals = re.findall(said, ingest.log_path.read_text())
+    fingerprint = f" (token sha256:{hashlib.sha256(TOKEN.encode()).hexdigest()[:8]})"
+    assert sorted(refusals) == sorted(
+        [
+            ("", "401", "unauthorized: no token"),
+            ("", "401", "unauthorized: not one of the tokens"),
+            *(
+                (fingerprint, status, reason)
+                for status, reason in (
+                    ("400", "invalid events (bad_field)"),
+                    ("400", "invalid events (unknown_kind)"),
+                    ("400", "malformed body"),
+                    ("400", "bad Idempotency-Key"),
+                    ("408", "body not received within --read-timeout"),
+                    ("413", "body over --max-body-bytes"),
+                    ("413", "more events than --max-events"),
+                    ("415", "unsupported Content-Type"),
+                )
+            ),
+        ]
+    ), refusals
     for name, (status, said) in tried.items():
         record_metric(f"ingest, {name}: {status} {str(said)[:140]}")
 
@@ -464,7 +494,11 @@ def lease_runs_out(settings: Settings, by: timedelta) -> None:
                 connection.execute(
                     update(requests)
                     .where(requests.c.key == row.key)
-                    .values(claimed_at=row.claimed_at - by, renewed_at=None)
+                    .values(
+                        claimed_at=row.claimed_at - by,
+                        renewed_at=None,
+                        lease_until=None if row.lease_until is None else row.lease_until - by,
+                    )
                 )
     finally:
         engine.dispose()
@@ -667,7 +701,12 @@ def test_ingest_killed_between_the_commit_and_the_answer_is_answered_from_its_re
     with engine.begin() as connection:
         connection.execute(text("DROP TRIGGER hold_answers ON skillstats_ingest_requests"))
         # As if the lease had run out (twice the publish timeout + 40 s) since the claim.
-        connection.execute(text("UPDATE skillstats_ingest_requests SET claimed_at = claimed_at - interval '5 minutes'"))
+        connection.execute(
+            text(
+                "UPDATE skillstats_ingest_requests SET claimed_at = claimed_at - interval '5 minutes', "
+                "lease_until = lease_until - interval '5 minutes'"
+            )
+        )
         assert connection.execute(text("SELECT status FROM skillstats_ingest_requests")).all() == [(None,)]
     engine.dispose()
 

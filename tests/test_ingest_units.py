@@ -1,15 +1,18 @@
 """Units of `skillstats ingest` without a broker: the idempotency store's states (claims, leases, renewals,
-take-overs, late answers), the tokens, and the publisher thread's handling of requests that are gone or already
-answered (the reviews' findings, each with its sequence)."""
+take-overs, late answers), the tokens, the publisher thread's handling of requests that are gone or already
+answered and of commits that fail (the reviews' findings, each with its sequence), the log of refusals, and the
+command line's budget and address."""
 
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Future
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from sqlalchemy import update
 
 from skillstats.config import Settings
@@ -144,7 +147,8 @@ def publisher_without_kafka(outcome: BaseException | None) -> TransactionalPubli
     publisher = TransactionalPublisher.__new__(TransactionalPublisher)
     publisher.settings = Settings(kafka_bootstrap="127.0.0.1:1", database_url="sqlite://")
     publisher.transactions = {"committed": 0, "aborted": 0, "unknown": 0}
-    publisher.kafka_problem = None
+    publisher.on_outcome = None
+    publisher._problem = publisher._away = publisher._busy_since = None
     publisher._outage = Outage(logging.getLogger("test"))
     published: list[int] = []
 
@@ -179,3 +183,202 @@ def test_a_request_whose_waiter_is_gone_is_not_published_and_the_others_are_answ
         assert kept.future.result() is None and publisher.transactions["committed"] == 1
     else:
         assert isinstance(kept.future.exception(), Unavailable) and publisher.transactions["aborted"] == 1
+
+
+class Ticks:
+    """A clock the test moves: the refusal log's minute passes without waiting for it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_refusals_are_logged_once_a_minute_per_client_and_reason(caplog: pytest.LogCaptureFixture) -> None:
+    """A client failing every request is a line a minute per reason, saying how many more there were; a 409 (a
+    retry while the first attempt is in flight: the API working) is said at INFO, the rest at WARNING."""
+    from skillstats.ingest.refusals import RefusalLog
+
+    clock = Ticks()
+    refusals = RefusalLog(logging.getLogger("test.refusals"), clock=clock)
+    caplog.set_level(logging.INFO, logger="test.refusals")
+    for _ in range(100):
+        refusals.refused(400, "malformed body", "10.0.0.1")
+        refusals.refused(401, "unauthorized: not one of the tokens", "10.0.0.1")
+    refusals.refused(400, "malformed body", "10.0.0.2")
+    refusals.refused(409, "Idempotency-Key in flight", "10.0.0.2")
+    clock.now += 61
+    refusals.refused(400, "malformed body", "10.0.0.1")
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [
+        ("WARNING", "refused a request from 10.0.0.1: 400 malformed body"),
+        ("WARNING", "refused a request from 10.0.0.1: 401 unauthorized: not one of the tokens"),
+        ("WARNING", "refused a request from 10.0.0.2: 400 malformed body"),
+        ("INFO", "refused a request from 10.0.0.2: 409 Idempotency-Key in flight"),
+        (
+            "WARNING",
+            "refused a request from 10.0.0.1: 400 malformed body; and 99 more like it since its last line 61 s ago",
+        ),
+    ]
+
+
+def test_refusals_from_many_clients_are_bounded_in_lines_and_memory(caplog: pytest.LogCaptureFixture) -> None:
+    """A scan from a thousand addresses: at most `most` lines a minute, the rest summed in one line the next
+    minute, and at most `keys` clients remembered."""
+    from skillstats.ingest.refusals import RefusalLog
+
+    clock = Ticks()
+    refusals = RefusalLog(logging.getLogger("test.refusals"), most=30, keys=100, clock=clock)
+    caplog.set_level(logging.INFO, logger="test.refusals")
+    for n in range(1000):
+        refusals.refused(401, "unauthorized: no token", f"10.0.{n // 256}.{n % 256}")
+    assert len(caplog.records) == 30
+    clock.now += 60
+    refusals.refused(401, "unauthorized: no token", "10.9.9.9")
+    assert [r.getMessage() for r in caplog.records[30:]] == [
+        "refused 970 more request(s) not logged one by one (over 30 lines a minute; "
+        "skillstats_ingest_requests_total counts them all)",
+        "refused a request from 10.9.9.9: 401 unauthorized: no token",
+    ]
+    remembering = RefusalLog(logging.getLogger("test.refusals"), most=10_000, keys=100, clock=clock)
+    for n in range(1000):
+        remembering.refused(401, "unauthorized: no token", f"10.0.{n // 256}.{n % 256}")
+    assert len(remembering._seen) == 100
+
+
+def test_ingest_has_its_own_shutdown_budget_and_listens_on_loopback_unless_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The other commands' SKILLSTATS_SHUTDOWN_BUDGET (10 s by default) made ingest refuse to start; ingest's own
+    default is its least, a smaller budget of its own is refused saying what to set, and without --host it
+    listens on 127.0.0.1 (it took every interface)."""
+    import argparse
+
+    from skillstats.cli.common import UsageError
+    from skillstats.cli.ingest import _shutdown_budget, configure
+
+    def parsed(*args: str) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        configure(parser)
+        return parser.parse_args(list(args))
+
+    for name in ("SKILLSTATS_INGEST_HOST", "SKILLSTATS_INGEST_SHUTDOWN_BUDGET"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SKILLSTATS_SHUTDOWN_BUDGET", "10")
+    assert _shutdown_budget(parsed()) == 22
+    assert _shutdown_budget(parsed("--publish-timeout", "30")) == 42
+    assert parsed().host == "127.0.0.1"
+    monkeypatch.setenv("SKILLSTATS_INGEST_SHUTDOWN_BUDGET", "25")
+    monkeypatch.setenv("SKILLSTATS_INGEST_HOST", "0.0.0.0")
+    assert _shutdown_budget(parsed()) == 25 and parsed().host == "0.0.0.0"
+    with pytest.raises(UsageError, match="set 22 or more"):
+        _shutdown_budget(parsed("--shutdown-budget", "10"))
+
+
+class FakeProducer:
+    """A producer whose commit fails as librdkafka's does, `unacknowledged` records still queued (len)."""
+
+    def __init__(self, errors: list[KafkaError], unacknowledged: int) -> None:
+        self.errors = errors
+        self.unacknowledged = unacknowledged
+        self.commits = 0
+        self.aborts = 0
+
+    def __len__(self) -> int:
+        return self.unacknowledged
+
+    def commit_transaction(self, _timeout: float) -> None:
+        self.commits += 1
+        if self.commits > 3 and self.unacknowledged:
+            raise RuntimeError("asked to commit again past the deadline, with records not acknowledged")
+        if self.errors:
+            raise KafkaException(self.errors.pop(0))
+
+    def abort_transaction(self, _timeout: float) -> None:
+        self.aborts += 1
+
+    def flush(self, _timeout: float) -> int:
+        return 0
+
+
+def committing(producer: FakeProducer) -> TransactionalPublisher:
+    publisher = publisher_without_kafka(None)
+    publisher.publish_timeout = 4.0
+    publisher._producer = producer  # type: ignore[assignment]
+    return publisher
+
+
+def test_a_commit_is_given_up_at_its_deadline_only_when_it_was_never_asked_for() -> None:
+    """The broker gone while the records are unacknowledged: the flush times out (retriable), no commit was
+    asked for, so past the deadline the request is answered 503 (it was asked again until the records' own
+    timeout, twice the publish timeout), and the producer is dropped, not aborted (an abort waits on the gone
+    broker; the next producer's init_transactions aborts the transaction). Every record acknowledged, though,
+    the commit was asked for and its answer lost: a 503 for a transaction that did commit would count it twice,
+    so it is asked again, past the deadline, until its outcome is known."""
+    producer = FakeProducer([KafkaError(KafkaError._TIMED_OUT, "Failed to flush", retriable=True)] * 5, 1)
+    publisher = committing(producer)
+    with pytest.raises(Unavailable, match="did not acknowledge the records within --publish-timeout"):
+        publisher._commit(producer, time.monotonic())  # type: ignore[arg-type]
+    assert producer.commits == 1
+
+    failed = FakeProducer([KafkaError(KafkaError._MSG_TIMED_OUT, "failed delivery", txn_requires_abort=True)], 1)
+    publisher = committing(failed)
+    with pytest.raises(Unavailable, match="transaction aborted"):
+        publisher._commit(failed, time.monotonic() + 4)  # type: ignore[arg-type]
+    assert failed.aborts == 0
+
+    lost = FakeProducer([KafkaError(KafkaError._TIMED_OUT, "EndTxn timed out", retriable=True)] * 2, 0)
+    publisher = committing(lost)
+    publisher._commit(lost, time.monotonic())  # type: ignore[arg-type]
+    assert lost.commits == 3
+
+
+def test_a_replica_with_a_shorter_lease_does_not_end_a_longer_one(store: IdempotencyStore, clock: Clock) -> None:
+    """Review finding: during a rolling change of --publish-timeout each replica judged other claims by its own
+    lease; one of a shorter lease took over a key whose claimant was still within its own (and renewing), and
+    both published. The claimant writes where its lease ends; every replica reads that."""
+    long_lease = IdempotencyStore(store.engine, ttl=store.ttl, lease=store.lease * 5)
+    first = long_lease.claim("t:S", "body")
+    assert isinstance(first, Claimed)
+    lapse(store, clock)  # past the short lease, well within the long one
+    assert isinstance(store.claim("t:S", "body"), InProgress)
+    clock.advance(long_lease.renew_every)
+    assert long_lease.renew(first)
+    clock.advance(long_lease.lease - timedelta(seconds=1))
+    assert isinstance(store.claim("t:S", "body"), InProgress)  # still within the renewed long lease
+    assert store.purge() == 0
+    clock.advance(timedelta(seconds=2))
+    assert isinstance(store.claim("t:S", "body"), Stale)  # the claimant stopped renewing: now it is stale
+
+
+def test_an_unanswered_claim_past_its_lifetime_is_looked_up_not_published_again(
+    store: IdempotencyStore, clock: Clock
+) -> None:
+    """Review finding: a claim whose process died after Kafka committed, retried only after the key expired, was
+    claimed as a new request (published again) without its receipt being looked for. Now it is `Stale` (the
+    receipt is read first); an answer found renews the lifetime, a take-over starts a new one."""
+    first = store.claim("t:E", "body")
+    assert isinstance(first, Claimed)
+    clock.advance(store.ttl + store.lease)
+    stale = store.claim("t:E", "body")
+    assert isinstance(stale, Stale) and stale.expires_at == first.expires_at
+    assert isinstance(store.claim("t:E", "other body"), Claimed)  # another body under an expired key: new
+
+    second = store.claim("t:F", "body")
+    assert isinstance(second, Claimed)
+    clock.advance(store.ttl + store.lease)
+    found = store.claim("t:F", "body")
+    assert isinstance(found, Stale)
+    assert store.settle(found, 202, '{"accepted": 1}')  # its receipt was found
+    clock.advance(timedelta(minutes=5))
+    assert store.claim("t:F", "body") == Answered(202, '{"accepted": 1}')  # not a new request
+
+    third = store.claim("t:G2", "body")
+    assert isinstance(third, Claimed)
+    clock.advance(store.ttl + store.lease)
+    stale = store.claim("t:G2", "body")
+    assert isinstance(stale, Stale)
+    taken = store.take_over(stale)  # no receipt: published by this request, under a new lifetime
+    assert taken is not None and taken.expires_at > clock.now
+    assert isinstance(store.claim("t:G2", "body"), InProgress)

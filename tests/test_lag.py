@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from prometheus_client.core import Metric
 from sqlalchemy import insert
 
 from skillstats.config import Settings
-from skillstats.kafka import commit_offsets, ensure_topics
+from skillstats.kafka import KafkaRefused, commit_offsets, ensure_topics
 from skillstats.lag import DOCSYNC, WINDOWS, LagExporter, LagProbe, PartitionLag, groups_of, measure_lag
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.identity import Owner
@@ -231,6 +232,56 @@ def test_exporter_keeps_serving_while_kafka_is_unreachable(lag_settings: Setting
     assert exporter.live() is None  # measurements complete (and fail): alive
 
 
+def test_the_first_measurement_is_no_recovery_and_an_outage_is_said_once_each_way(
+    lag_settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    exporter = LagExporter(lag_settings, interval=1, timeout=1)
+
+    def said(text: str) -> list[tuple[int, str]]:
+        return [(r.levelno, r.getMessage()) for r in caplog.records if text in r.getMessage()]
+
+    with caplog.at_level(logging.INFO, logger="skillstats.lag"):
+        exporter.refresh()
+        assert exporter.kafka_up
+        assert [(level, "again" in text) for level, text in said("measuring lag")] == [(logging.INFO, False)]
+        exporter.settings, exporter._probe = Settings(kafka_bootstrap="127.0.0.1:9", topic=lag_settings.topic), None
+        for _ in range(3):
+            exporter.refresh()
+        assert [level for level, _ in said("cannot measure lag")] == [logging.WARNING]  # once, not per interval
+        exporter.settings, exporter._probe = lag_settings, None
+        exporter.refresh()
+        exporter.refresh()
+    again = [(level, text) for level, text in said("measuring lag") if "again" in text]
+    assert len(again) == 1 and again[0][0] == logging.WARNING and "(3 failed measurement(s))" in again[0][1]
+    results = {s["result"]: v for s, v in samples(exporter)["skillstats_lag_exporter_measurements"]}
+    assert results == {"ok": 3.0, "failed": 3.0}
+
+
+def test_an_exporter_started_without_kafka_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
+    exporter = LagExporter(Settings(kafka_bootstrap="127.0.0.1:9", topic="t-away"), interval=1, timeout=1)
+    with caplog.at_level(logging.INFO, logger="skillstats.lag"):
+        exporter.refresh()
+        exporter.refresh()
+    assert [r.levelno for r in caplog.records if "cannot measure lag" in r.getMessage()] == [logging.WARNING]
+    assert exporter.refusal is None and not exporter.stop.is_set()  # away is not refused: it keeps trying
+
+
+def test_credentials_kafka_refuses_stop_the_exporter() -> None:
+    exporter = LagExporter(Settings(topic="t-refused"), interval=60, timeout=1)
+
+    class Refusing:
+        def measure(self, *_: object) -> None:
+            raise KafkaRefused(exporter.settings, "SASL authentication error: Authentication failed")
+
+        def close(self) -> None:
+            pass
+
+    exporter._probe = Refusing()  # type: ignore[assignment]
+    exporter.refresh()
+    assert exporter.stop.is_set() and exporter.refusal is not None
+    assert "refused the connection" in str(exporter.refusal)
+
+
 def test_exporter_reads_fences_and_the_last_successful_drain_from_the_database(
     lag_settings: Settings, tmp_path: Path
 ) -> None:
@@ -289,8 +340,6 @@ def test_a_database_the_exporter_cannot_read_is_logged_once_masked_and_so_is_its
 ) -> None:
     """The engine exists before the first failure (PostgreSQL): the failure is still said, once, with the
     password masked, and the recovery once."""
-    import logging
-
     from skillstats.sinks.db import open_engine
     from skillstats.sinks.migrate import upgrade
 

@@ -184,8 +184,10 @@ def install_block(readme: Path) -> str:
     return found[0]
 
 
-def test_both_readmes_give_the_same_install_steps() -> None:
-    assert install_block(REPO / "README.md") == install_block(INSTALL_README)
+def test_the_readme_sends_installers_to_the_steps_the_test_runs() -> None:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "clients/typescript/README.md#install" in text and "npm pack" in text
+    assert "## Install" in INSTALL_README.read_text(encoding="utf-8")
 
 
 # Run in the fresh project after the README's steps, without kafkajs; argv[2]: a loopback port nothing listens on.

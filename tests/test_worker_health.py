@@ -15,7 +15,7 @@ from skillstats.publisher import Publisher
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.recovery import Health
 from skillstats.sinks.schema import metadata, skill_hourly_stats
-from skillstats.streams.windows import LOOP_STALL_SECONDS, WindowsApp
+from skillstats.streams.windows import LOOP_STALL_SECONDS, KafkaReach, WindowsApp
 from tests.helpers import WorkerProcess, caught_up, free_port, get, wait_until
 
 
@@ -74,10 +74,12 @@ def test_idle_worker_is_live_ready_and_quiet_and_a_failing_database_only_unreadi
 
 def test_readiness_and_liveness_rules() -> None:
     health = Health()
+    kafka = KafkaReach("kafka-0:9092", silence=0.0)
     app = SimpleNamespace(
         refusal=None,
         joined=False,
         heartbeat=time.monotonic(),
+        kafka=kafka,
         reads=SimpleNamespace(problem=None),
         batch_sink=SimpleNamespace(pipeline=SimpleNamespace(health=health)),
     )
@@ -93,6 +95,13 @@ def test_readiness_and_liveness_rules() -> None:
     health.failing(RuntimeError("connection refused"))
     assert "degraded" in (WindowsApp.ready(app) or "")  # type: ignore[arg-type]
     health.ok()
+    assert WindowsApp.ready(app) is None  # type: ignore[arg-type]
+    # Kafka silent while partitions are fetched: not ready, with since when; alive all the same.
+    kafka.fetching(True)
+    kafka.fetched(records=False, polled=None)
+    assert (WindowsApp.ready(app) or "").startswith("Kafka at kafka-0:9092 unreachable since ")  # type: ignore[arg-type]
+    assert WindowsApp.live(app) is None  # type: ignore[arg-type]
+    kafka.fetched(records=True, polled=None)  # records handed on: it hears from Kafka again
     assert WindowsApp.ready(app) is None  # type: ignore[arg-type]
     assert WindowsApp.live(app) is None  # type: ignore[arg-type]
     app.heartbeat = time.monotonic() - LOOP_STALL_SECONDS - 1

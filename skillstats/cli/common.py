@@ -8,6 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 from skillstats.config import Settings, redact_url
+from skillstats.metrics import METRICS_HOST
 
 # The exit statuses every command shares (docs/operations.md, 'Exit statuses', lists them and
 # tests/test_cli_usage.py walks that table); 3, a shutdown past its budget, is skillstats.shutdown's.
@@ -56,7 +57,7 @@ def metrics_options(parser: argparse.ArgumentParser, command: str) -> None:
     )
     group.add_argument(
         "--metrics-host",
-        default=os.environ.get("SKILLSTATS_METRICS_HOST", "0.0.0.0"),
+        default=os.environ.get("SKILLSTATS_METRICS_HOST", METRICS_HOST),
         metavar="ADDRESS",
         help="address to listen on [SKILLSTATS_METRICS_HOST] (default 0.0.0.0, every interface)",
     )

@@ -2,11 +2,30 @@
 
 Settings that cannot work are refused at start (exit 2), not found out by every
 request: an `--idempotency-hours` shorter than a claim's lease (a key would
-expire while its request may still commit), and a `--publish-timeout` whose
-transaction timeout (+ 10 s) the broker's `transaction.max.timeout.ms` refuses
-(read from the broker; Kafka's default, 15 min, when it cannot be read: a
-broker with a larger limit and no DescribeConfigs right for ingest then refuses
-a timeout it would have taken, the safe side).
+expire while its request may still commit), a shutdown budget too short for a
+request in flight, and a `--publish-timeout` whose transaction timeout (+ 10 s)
+the broker's `transaction.max.timeout.ms` refuses (read from the broker; Kafka's
+default, 15 min, when it cannot be read: a broker with a larger limit and no
+DescribeConfigs right for ingest then refuses a timeout it would have taken,
+the safe side).
+
+The port listens at once, before Kafka is asked anything: a pod whose broker is
+away is alive (/healthz 200) and says why it is not ready (/readyz 503, "Kafka
+at ... is away"), and a publish is answered 503, instead of a closed port for
+the 15 s a first answer could take. What Kafka is asked at start (whether it
+refuses our credentials, its transaction limit) is asked from a thread then,
+and the publisher starts talking to Kafka only after it: a refusal still ends
+the command in one line, never after a log of failed transactions.
+
+It listens on 127.0.0.1 unless told otherwise (`--host`,
+SKILLSTATS_INGEST_HOST): the API takes events from anyone holding a token, and
+its /metrics is for the cluster's Prometheus; a container or pod gives the
+address its Service reaches (the manifests give 0.0.0.0).
+
+Its shutdown budget is its own (`--shutdown-budget`,
+SKILLSTATS_INGEST_SHUTDOWN_BUDGET), not the SKILLSTATS_SHUTDOWN_BUDGET of the
+other commands: their 10 s would cut off a request that began just before
+SIGTERM, so a shared setting made ingest refuse to start.
 """
 
 from __future__ import annotations
@@ -19,6 +38,7 @@ import os
 import signal
 import socket
 import ssl
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,13 +52,14 @@ from skillstats.cli.common import (
     positive,
     verbosity,
 )
-from skillstats.config import Settings, redact_url
+from skillstats.config import FIRST_ANSWER_S, Settings, redact_url
 from skillstats.ingest import DRAIN_RESERVE_S
 
 if TYPE_CHECKING:
     from skillstats.ingest.idempotency import IdempotencyStore
 
 DEFAULT_PORT = 9320
+DEFAULT_HOST = "127.0.0.1"
 log = logging.getLogger("skillstats.ingest")
 
 
@@ -64,9 +85,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
     parser.add_argument(
         "--host",
-        default=env("SKILLSTATS_INGEST_HOST"),
+        default=env("SKILLSTATS_INGEST_HOST", DEFAULT_HOST),
         metavar="ADDRESS",
-        help="address to listen on [SKILLSTATS_INGEST_HOST] (default 0.0.0.0; with --no-auth, 127.0.0.1)",
+        help=f"address to listen on [SKILLSTATS_INGEST_HOST] (default {DEFAULT_HOST}, this machine only; in a "
+        "container or pod the address its Service reaches, e.g. 0.0.0.0)",
     )
     parser.add_argument(
         "--port",
@@ -121,11 +143,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shutdown-budget",
         type=float,
-        default=os.environ.get("SKILLSTATS_SHUTDOWN_BUDGET"),  # a string default goes through `type`
+        default=env("SKILLSTATS_INGEST_SHUTDOWN_BUDGET"),  # a string default goes through `type`
         metavar="SECONDS",
         help="on SIGTERM: answer 503 to new requests, finish those in flight, flush, exit; past it, exit 3 "
-        f"[SKILLSTATS_SHUTDOWN_BUDGET] (default and least: --read-timeout + --publish-timeout + "
-        f"{DRAIN_RESERVE_S:g}, 22 s with their defaults, so no request in flight is cut off)",
+        f"[SKILLSTATS_INGEST_SHUTDOWN_BUDGET: ingest's own, not the other commands' SKILLSTATS_SHUTDOWN_BUDGET] "
+        f"(default and least: --read-timeout + --publish-timeout + {DRAIN_RESERVE_S:g}, 22 s with their defaults, "
+        "so no request in flight is cut off)",
     )
 
 
@@ -146,7 +169,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port: not a TCP port: {args.port}")
-    host = args.host or ("127.0.0.1" if args.no_auth else "0.0.0.0")
+    host = args.host or DEFAULT_HOST
     if args.no_auth:
         if args.tokens_file is not None:
             raise UsageError("--no-auth and --tokens-file: choose one")
@@ -164,15 +187,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         except TokensUnreadable as exc:
             raise UsageError(str(exc)) from None
     tls = _tls(args.tls_cert, args.tls_key)
-    # A request that began just before SIGTERM may take its read and its publish timeouts: a budget that
-    # cannot wait that long would cut off requests whose events may already be published.
-    least = args.read_timeout + args.publish_timeout + DRAIN_RESERVE_S
-    shutdown_budget = budget(least if args.shutdown_budget is None else args.shutdown_budget)
-    if shutdown_budget < least:
-        raise UsageError(
-            f"--shutdown-budget {shutdown_budget:g} is less than --read-timeout + --publish-timeout + "
-            f"{DRAIN_RESERVE_S:g} = {least:g} s: a request in flight could be cut off after it was published"
-        )
+    shutdown_budget = _shutdown_budget(args)
 
     lease = _lease(args.publish_timeout)
     if not args.no_idempotency and timedelta(hours=args.idempotency_hours) < lease:
@@ -185,10 +200,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if not args.no_idempotency:
         store = _store(settings, lease, args.idempotency_hours)
 
-    from skillstats.cli.lag_exporter import refuse_early
-
-    refuse_early(settings, "ingest")
-    _refuse_transaction_timeout(settings, args.publish_timeout)
     receipts = None
     if store is not None:
         from skillstats.ingest.receipts import Receipts
@@ -196,7 +207,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         receipts = Receipts(settings, store.ttl)
     instance = args.instance_id or f"{socket.gethostname()}-{args.port}"
     publisher = TransactionalPublisher(
-        settings, f"skillstats-ingest-{instance}", args.publish_timeout, receipts=receipts
+        settings, f"skillstats-ingest-{instance}", args.publish_timeout, receipts=receipts, start=False
     )
     limits = Limits(args.max_body_bytes, args.max_events, args.read_timeout)
     ingest = IngestApp(publisher, tokens, store, limits)
@@ -213,6 +224,18 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, lambda: (watchdog.start(), stop.set()))
         purging = asyncio.create_task(_purge_expired(store)) if store is not None else None
+        failed: list[BaseException] = []
+        checking: list[asyncio.Task[None]] = []
+
+        async def check_then_publish() -> None:
+            try:
+                await asyncio.to_thread(_check_kafka_at_start, settings, args.publish_timeout)
+            except Exception as exc:  # a setting Kafka refuses: said in one line, exit 2 (or 1), as before
+                failed.append(exc)
+                await asyncio.to_thread(publisher.close, 0.5)  # whatever waits is answered 503 now
+                stop.set()
+                return
+            publisher.start()
 
         def listening(port: int) -> None:
             scheme = "https" if tls else "http"
@@ -227,6 +250,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 f"{settings.kafka_bootstrap} (transactional id {publisher.transactional_id}); {auth}; {keys}",
                 flush=True,
             )
+            checking.append(asyncio.create_task(check_then_publish()))
 
         try:
             await serve_until(ingest, host, args.port, tls, shutdown_budget, stop.wait, listening)
@@ -235,6 +259,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 purging.cancel()
             if receipts is not None:
                 receipts.close()
+        if failed:
+            raise failed[0]
 
     try:
         asyncio.run(main())
@@ -266,7 +292,72 @@ def _lease(publish_timeout: float) -> timedelta:
     return timedelta(seconds=2 * publish_timeout + 10 + 30)
 
 
-def _refuse_transaction_timeout(settings: Settings, publish_timeout: float) -> None:
+def _shutdown_budget(args: argparse.Namespace) -> float:
+    """Ingest's own budget: a request that began just before SIGTERM may take its read and its publish
+    timeouts, and a budget that cannot wait that long would cut off requests whose events may already be
+    published. So its default is that least, and a smaller one is refused, saying what to set."""
+    least = args.read_timeout + args.publish_timeout + DRAIN_RESERVE_S
+    if args.shutdown_budget is None:
+        shared = os.environ.get("SKILLSTATS_SHUTDOWN_BUDGET")
+        if shared:
+            log.info(
+                "SKILLSTATS_SHUTDOWN_BUDGET=%s is the other commands'; ingest's budget is %g s "
+                "(--shutdown-budget, SKILLSTATS_INGEST_SHUTDOWN_BUDGET)",
+                shared,
+                least,
+            )
+        return budget(least)
+    shutdown_budget = budget(args.shutdown_budget)
+    if shutdown_budget < least:
+        raise UsageError(
+            f"--shutdown-budget (SKILLSTATS_INGEST_SHUTDOWN_BUDGET) {shutdown_budget:g} is less than --read-timeout "
+            f"+ --publish-timeout + {DRAIN_RESERVE_S:g} = {least:g} s: a request in flight could be cut off after it "
+            f"was published; set {least:g} or more"
+        )
+    return shutdown_budget
+
+
+def _check_kafka_at_start(settings: Settings, publish_timeout: float) -> None:
+    """What Kafka is asked before the publisher starts (the server listening meanwhile): KafkaRefused at once
+    when it refuses our credentials or TLS, UsageError for a publish timeout over its transaction limit. Kafka
+    away is no error: said once, as soon as librdkafka knows no broker answers (a refused connection: within a
+    second) or after FIRST_ANSWER_S; requests are answered 503 until it answers."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from skillstats.kafka import RefusalWatch
+
+    refusals = RefusalWatch()
+    away: list[str] = []
+
+    def on_error(error: KafkaError) -> None:
+        refusals(error)
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            away.append(error.str())
+
+    admin = AdminClient(settings.kafka_config(error_cb=on_error))
+    deadline = time.monotonic() + FIRST_ANSWER_S
+    while True:
+        try:
+            admin.list_topics(timeout=max(0.1, min(0.5, deadline - time.monotonic())))
+            answered = True
+            break
+        except KafkaException as exc:
+            admin.poll(0)  # serves error_cb
+            refusals.raise_if_refused(settings)
+            if away or time.monotonic() >= deadline:
+                log.warning(
+                    "Kafka at %s does not answer (%s); serving anyway: /readyz says so, and requests are answered "
+                    "503 until it answers",
+                    settings.kafka_bootstrap,
+                    away[0] if away else exc,
+                )
+                answered = False
+                break
+    _refuse_transaction_timeout(settings, publish_timeout, ask=answered)
+
+
+def _refuse_transaction_timeout(settings: Settings, publish_timeout: float, ask: bool = True) -> None:
     from skillstats.ingest.transactions import (
         KAFKA_DEFAULT_TRANSACTION_MAX_MS,
         TRANSACTION_MARGIN_S,
@@ -274,7 +365,7 @@ def _refuse_transaction_timeout(settings: Settings, publish_timeout: float) -> N
         transaction_timeout_ms,
     )
 
-    limit = transaction_limit_ms(settings, timeout=2.0)  # Kafka answered refuse_early, or is away
+    limit = transaction_limit_ms(settings, timeout=2.0) if ask else None
     said = "Kafka's transaction.max.timeout.ms is"
     if limit is None:
         limit, said = KAFKA_DEFAULT_TRANSACTION_MAX_MS, "transaction.max.timeout.ms (not readable here) is by default"

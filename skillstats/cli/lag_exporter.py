@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
-import threading
 from typing import Any
 
 from skillstats.cli.common import EXIT_OK, UsageError, database_options, kafka_options, metrics_options, verbosity
@@ -18,8 +16,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "offset, SQL fence, log end offset, lag in records, and lag in seconds as the age of the oldest record not "
         "yet applied (that record is read, its timestamp taken); the groups' state and members; the DLQ's size; "
         "the last successful docsync run, offsets lost to retention and whether the topic is still the one the "
-        "counts belong to (from SQL). Serves the last measurement on /metrics until SIGTERM, and keeps serving "
-        "while Kafka is unreachable, with skillstats_lag_exporter_up 0. The groups are SKILLSTATS_WINDOWS_GROUP "
+        "counts belong to (from SQL). Serves at once, the last measurement on /metrics until SIGTERM, and keeps "
+        "serving while Kafka is unreachable (at start too), with skillstats_lag_exporter_up 0; credentials Kafka "
+        "refuses exit 1. The groups are SKILLSTATS_WINDOWS_GROUP "
         "and SKILLSTATS_DOCSYNC_GROUP (defaults skillstats-windows, skillstats-docsync)."
     )
     kafka_options(parser, dlq=True)
@@ -33,6 +32,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    """Serve at once, measure at once: the port, the probes and the database's view do not wait for Kafka.
+
+    A broker that is away (Kubernetes may start the exporter before Kafka) is served as
+    skillstats_lag_exporter_up 0 and said once; credentials or TLS Kafka refuses stop the
+    command (exit 1) at the first measurement that meets them, within seconds.
+    """
     from skillstats.lag import LagExporter
     from skillstats.metrics import REGISTRY, Probes, serve
     from skillstats.sinks.db import open_engine, sqlite_path
@@ -52,34 +57,18 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     exporter = LagExporter(settings, interval=args.interval, timeout=args.timeout, open_database=open_database)
     REGISTRY.register(exporter)
     server = serve(args.metrics_host, args.metrics_port, Probes(exporter.live, exporter.live), REGISTRY)
-    refuse_early(settings, "lag-exporter")  # after the port: a taken port is said at once
+    signal.signal(signal.SIGTERM, lambda *_: exporter.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: exporter.stop.set())
     exporter.start()
     print(
         f"skillstats lag-exporter: measuring {settings.windows_group} and {settings.docsync_group} on "
-        f"{settings.topic} every {args.interval:g}s; serving http://{args.metrics_host}:{server.port}/metrics",
+        f"{settings.topic} at {settings.kafka_bootstrap} every {args.interval:g}s; serving "
+        f"http://{args.metrics_host}:{server.port}/metrics",
         flush=True,
     )
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stop.wait()
+    exporter.stop.wait()
     exporter.close()
     server.close()
+    if exporter.refusal is not None:
+        raise exporter.refusal
     return EXIT_OK
-
-
-def refuse_early(settings: Settings, command: str) -> None:
-    """Stop a long-running command at once when Kafka refuses its credentials or TLS.
-
-    A broker that is merely away is not an error here: the exporter keeps trying
-    (Kubernetes may start it before Kafka). A refusal is different: no retry
-    cures it, and faust's client would otherwise retry it silently for ever.
-    """
-    from skillstats.kafka import KafkaRefused, KafkaUnreachable, list_topic_names
-
-    try:
-        list_topic_names(settings, timeout=15)
-    except KafkaRefused:
-        raise
-    except KafkaUnreachable as exc:
-        logging.getLogger("skillstats").warning("%s: %s; starting anyway, it keeps trying", command, exc)

@@ -22,8 +22,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Run the consumer group that keeps skill_daily_stats and skill_hourly_stats exact, seconds behind the "
         "stream, reading every partition from its SQL fence. Runs until SIGTERM or SIGINT. Until Kafka and the "
-        "database answer it waits (/readyz 503 meanwhile); a topic that does not exist, a database whose counts "
-        "belong to another group or topic, or a fence past its log end exit 2 with what to do."
+        "database answer it waits (/readyz 503 meanwhile); cut off from Kafka later (no fetch answered for 10 s) "
+        "it says so once, /readyz 503 and skillstats_kafka_unreachable 1 until Kafka answers, and reads on from "
+        "its fences; a topic that does not exist, a database whose counts belong to another group or topic, or a "
+        "fence past its log end exit 2 with what to do."
     )
     kafka_options(parser, dlq=True)
     database_options(parser)

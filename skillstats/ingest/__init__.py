@@ -5,8 +5,9 @@ contract's own decoder, the DLQ's reasons); `tokens` checks the bearer token;
 `idempotency` remembers answered requests in SQL; `receipts` writes each keyed
 request's answer into its own Kafka transaction and reads it back for a request
 that takes over a key after a crash; `transactions` publishes the records of many
-requests in one Kafka transaction each; `server` is the aiohttp application that
-ties them together, with its probes and metrics.
+requests in one Kafka transaction each; `refusals` logs the requests answered
+4xx, rate-limited; `server` is the aiohttp application that ties them together,
+with its probes and metrics.
 """
 
 # Of the shutdown budget, kept for closing connections and the producer after the requests in flight are

@@ -124,7 +124,13 @@ class IdempotencyStore:
 
     def claim(self, key: str, digest: str) -> Claimed | Stale | Answered | InProgress | Mismatch:
         now = now_utc_naive()
-        row = {"key": key, "body_sha256": digest, "claimed_at": now, "expires_at": now + self.ttl}
+        row = {
+            "key": key,
+            "body_sha256": digest,
+            "claimed_at": now,
+            "expires_at": now + self.ttl,
+            "lease_until": now + self.lease,
+        }
         try:
             with self.engine.begin() as connection:
                 connection.execute(insert(requests).values(**row))
@@ -135,10 +141,12 @@ class IdempotencyStore:
             found = connection.execute(select(requests).where(requests.c.key == key).with_for_update()).one_or_none()
             if found is None:  # released or purged since: the next attempt claims it
                 return InProgress(retry_after=1)
-            lease_ends = max(found.claimed_at, found.renewed_at or found.claimed_at) + self.lease
+            # The claimant's own lease where it wrote one: a replica of a shorter lease must not end a longer one.
+            lease_ends = found.lease_until or max(found.claimed_at, found.renewed_at or found.claimed_at) + self.lease
             in_flight = found.status is None and lease_ends > now
-            if found.expires_at <= now and not in_flight:
-                # Expired: a new request under an old key, with none of its answer.
+            if found.expires_at <= now and not in_flight and (found.status is not None or found.body_sha256 != digest):
+                # Expired: a new request under an old key, with none of its answer. (Expired with no answer and
+                # the same body is the same request retried late: its receipt is looked for first, as `Stale`.)
                 connection.execute(
                     update(requests)
                     .where(requests.c.key == key)
@@ -157,13 +165,16 @@ class IdempotencyStore:
     def settle(self, stale: Stale, status: int, response: str) -> bool:
         """Keep the answer a receipt of this key's lifetime holds (its transaction committed); False when the
         key has an answer already, or is gone."""
+        now = now_utc_naive()
         with self.engine.begin() as connection:
             kept = connection.execute(
                 update(requests)
                 .where(
                     requests.c.key == stale.key, requests.c.expires_at == stale.expires_at, requests.c.status.is_(None)
                 )
-                .values(status=status, response=response)
+                # A lifetime that ran out while the claim lay unanswered is renewed with its answer: the retries
+                # that follow are answered, not taken for new requests.
+                .values(status=status, response=response, expires_at=max(stale.expires_at, now + self.ttl))
             )
             return kept.rowcount == 1
 
@@ -174,6 +185,8 @@ class IdempotencyStore:
         renewed = (
             requests.c.renewed_at.is_(None) if stale.renewed_at is None else requests.c.renewed_at == stale.renewed_at
         )
+        # A key whose lifetime ran out while its claim lay unanswered (no receipt of it found) starts a new one.
+        expires_at = stale.expires_at if stale.expires_at > now else now + self.ttl
         with self.engine.begin() as connection:
             taken = connection.execute(
                 update(requests)
@@ -183,9 +196,9 @@ class IdempotencyStore:
                     renewed,
                     requests.c.status.is_(None),
                 )
-                .values(claimed_at=now, renewed_at=None)
+                .values(claimed_at=now, renewed_at=None, lease_until=now + self.lease, expires_at=expires_at)
             )
-        return Claimed(stale.key, now, stale.expires_at, stale.digest) if taken.rowcount == 1 else None
+        return Claimed(stale.key, now, expires_at, stale.digest) if taken.rowcount == 1 else None
 
     def renew(self, claim: Claimed) -> bool:
         """Push the claim's lease on (its request still waits on its commit); False when it is no longer this
@@ -198,7 +211,7 @@ class IdempotencyStore:
                     requests.c.claimed_at == claim.claimed_at,
                     requests.c.status.is_(None),
                 )
-                .values(renewed_at=now_utc_naive())
+                .values(renewed_at=(now := now_utc_naive()), lease_until=now + self.lease)
             )
             return renewed.rowcount == 1
 
@@ -255,8 +268,13 @@ class IdempotencyStore:
         """Forget the keys that expired, but not a request still renewing its claim; how many."""
         now = now_utc_naive()
         cutoff = now - self.lease
-        lapsed = and_(
-            requests.c.claimed_at <= cutoff, or_(requests.c.renewed_at.is_(None), requests.c.renewed_at <= cutoff)
+        lapsed = or_(
+            requests.c.lease_until <= now,
+            and_(
+                requests.c.lease_until.is_(None),
+                requests.c.claimed_at <= cutoff,
+                or_(requests.c.renewed_at.is_(None), requests.c.renewed_at <= cutoff),
+            ),
         )
         with self.engine.begin() as connection:
             return connection.execute(

@@ -13,7 +13,10 @@ body -> 422, left by a request whose process died -> the answer its committed
 receipt holds, or (no receipt) taken over, or 503 when Kafka cannot tell yet;
 the events -> 400 listing each invalid one, or 413 past `--max-events`; the
 transaction -> 202 once it committed, 503 when it did not (nothing of the
-request will count: send it again), 500 when its outcome is unknown.
+request will count: send it again), 500 when its outcome is unknown. The 503
+comes at the request's deadline (`--publish-timeout` after it was handed over)
+at the latest, Kafka gone included, unless its commit was already asked for.
+Every 4xx is logged, a line a minute per client and reason (refusals.py).
 
 A keyed request renews its claim while it waits on its commit, from a task of
 its own rather than the handler's, so that a handler cut off by the shutdown
@@ -53,6 +56,7 @@ from skillstats.ingest.idempotency import (
     body_digest,
 )
 from skillstats.ingest.receipts import Receipts
+from skillstats.ingest.refusals import RefusalLog
 from skillstats.ingest.tokens import TokenFile
 from skillstats.ingest.transactions import OutcomeUnknown, TransactionalPublisher, Unavailable
 from skillstats.metrics import INGEST_IN_FLIGHT, IngestMetrics
@@ -72,6 +76,16 @@ class Limits:
 
 def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json", headers=headers)
+
+
+_REFUSAL = "skillstats.refusal"  # a 4xx answer's reason, for the log (refusals.py), kept on the response
+
+
+def _refused(status: int, reason: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
+    """A 4xx answer, with the fixed phrase the log line names it by."""
+    response = _json(status, body, headers)
+    response[_REFUSAL] = reason
+    return response
 
 
 class IngestApp:
@@ -96,6 +110,8 @@ class IngestApp:
         self.shutting_down = False
         self.in_flight = 0
         self.metrics = IngestMetrics(publisher.queued_records)
+        publisher.on_outcome = self.metrics.transaction
+        self.refusals = RefusalLog(log)
         self._database = Outage(log)
         self.app = web.Application(client_max_size=limits.max_body_bytes)
         self.app.router.add_post("/v1/events", self.events)
@@ -132,7 +148,18 @@ class IngestApp:
             self.in_flight -= 1
         seconds = time.monotonic() - began if response.status == 202 else None
         self.metrics.answered(response.status, accepted, rejected, seconds)
+        if 400 <= response.status < 500:
+            self.refusals.refused(response.status, response.get(_REFUSAL, "refused"), self._client(request))
         return response
+
+    def _client(self, request: web.Request) -> str:
+        """Who sent a request, for the log: its peer address, and a fingerprint of its token once that token
+        was found good (a wrong one is the caller's secret, or someone else's, and is not digested into logs)."""
+        client = request.remote or "unknown"
+        authorization = request.headers.get("Authorization")
+        if self.tokens is not None and authorization is not None and self.tokens.allows(authorization):
+            client += f" (token sha256:{TokenFile.scope(authorization)[:8]})"
+        return client
 
     async def _events(self, request: web.Request) -> tuple[web.Response, int, dict[str, int]]:
         none: dict[str, int] = {}
@@ -141,11 +168,13 @@ class IngestApp:
         authorization = request.headers.get("Authorization")
         if self.tokens is not None and not self.tokens.allows(authorization):
             headers = {"WWW-Authenticate": 'Bearer realm="skillstats"'}
-            return _json(401, {"error": "unauthorized"}, headers), 0, none
+            why = "unauthorized: no token" if authorization is None else "unauthorized: not one of the tokens"
+            return _refused(401, why, {"error": "unauthorized"}, headers), 0, none
         kind = media_type(request.headers.get("Content-Type"))
         if kind is None:
             wanted = " or ".join(CONTENT_TYPES)
-            return _json(415, {"error": f"Content-Type must be {wanted} (UTF-8)"}), 0, none
+            message = f"Content-Type must be {wanted} (UTF-8)"
+            return _refused(415, "unsupported Content-Type", {"error": message}), 0, none
         if (request.content_length or 0) > self.limits.max_body_bytes:
             return self._too_large(), 0, none
         try:
@@ -153,7 +182,8 @@ class IngestApp:
         except web.HTTPRequestEntityTooLarge:
             return self._too_large(), 0, none
         except TimeoutError:
-            slow = _json(408, {"error": f"the body did not arrive within {self.limits.read_timeout:g}s"})
+            message = f"the body did not arrive within {self.limits.read_timeout:g}s"
+            slow = _refused(408, "body not received within --read-timeout", {"error": message})
             slow.force_close()  # answered, then cut off: the rest of its body is not waited for
             return slow, 0, none
 
@@ -162,7 +192,7 @@ class IngestApp:
         if key is not None:
             if not _KEY.fullmatch(key):
                 message = f"Idempotency-Key must be 1-{MAX_KEY_CHARS} visible ASCII characters"
-                return _json(400, {"error": message}), 0, none
+                return _refused(400, "bad Idempotency-Key", {"error": message}), 0, none
             answer = await self._claim(TokenFile.scope(authorization) + ":" + key, body_digest(body))
             if isinstance(answer, web.Response):
                 return answer, 0, none
@@ -174,14 +204,16 @@ class IngestApp:
             await self._release(claim)
             if parsed.too_many is not None:
                 message = f"{parsed.too_many} events; at most {self.limits.max_events} a request"
-                return _json(413, {"error": message}), 0, none
+                return _refused(413, "more events than --max-events", {"error": message}), 0, none
             if parsed.problem is not None:
-                return _json(400, {"error": parsed.problem}), 0, none
+                return _refused(400, "malformed body", {"error": parsed.problem}), 0, none
             reasons: dict[str, int] = {}
             for item in parsed.rejected:
                 reasons[item.reason] = reasons.get(item.reason, 0) + 1
             message = f"{len(parsed.rejected)} invalid event(s); nothing was published"
-            return _json(400, {"error": message, "rejected": [r.to_json() for r in parsed.rejected]}), 0, reasons
+            why = f"invalid events ({', '.join(sorted(reasons))})"  # the contract's reason codes, a fixed set
+            answer = {"error": message, "rejected": [r.to_json() for r in parsed.rejected]}
+            return _refused(400, why, answer), 0, reasons
 
         accepted = {"accepted": len(parsed.records)}
         response = orjson.dumps(accepted).decode()
@@ -192,9 +224,7 @@ class IngestApp:
         if claim is not None:
             self._renew_while(claim, published)
         try:
-            # Shielded: a handler cancelled while waiting (the server closing past its drain) must not cancel
-            # the publishing, whose outcome the claim still has to keep.
-            await asyncio.shield(asyncio.wrap_future(published))
+            await self._outcome(published)
         except asyncio.CancelledError:
             if claim is not None:
                 published.add_done_callback(functools.partial(self._keep_late, claim, len(parsed.records)))
@@ -210,8 +240,33 @@ class IngestApp:
 
     # ------------------------------------------------------------------ helpers
 
+    async def _outcome(self, published: Future[None]) -> None:
+        """Wait for the publisher's answer; at the request's deadline, give up on one it has not begun.
+
+        Shielded: a handler cancelled while waiting (the server closing past its drain) must not cancel the
+        publishing, whose outcome the claim still has to keep. Bounded: a request still queued at its deadline
+        (the publisher's thread busy with a transaction or a check that waits on a broker gone away) is
+        cancelled, which the thread honours by never publishing it, and answered 503 then, not when the thread
+        is free again. One that the thread has begun is waited for: its outcome is coming, within the deadline
+        unless its commit was asked for and not yet answered.
+        """
+        waiting = asyncio.wrap_future(published)
+        try:
+            try:
+                await asyncio.wait_for(asyncio.shield(waiting), self.publisher.publish_timeout)
+                return
+            except TimeoutError:
+                if published.cancel():
+                    raise Unavailable("not published within --publish-timeout (Kafka away or slow)") from None
+            await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            if published.cancelled():  # stopped before it began: its claim was taken over (_renew_while)
+                raise Unavailable("not published: another request with its Idempotency-Key took it over") from None
+            raise
+
     def _too_large(self) -> web.Response:
-        return _json(413, {"error": f"the body is over {self.limits.max_body_bytes} bytes"})
+        message = f"the body is over {self.limits.max_body_bytes} bytes"
+        return _refused(413, "body over --max-body-bytes", {"error": message})
 
     def _unavailable(self, message: str) -> web.Response:
         return _json(503, {"error": message}, {"Retry-After": str(RETRY_AFTER_S)})
@@ -229,7 +284,8 @@ class IngestApp:
     async def _claim(self, key: str, digest: str) -> Claimed | web.Response:
         store = self.store
         if store is None:
-            return _json(400, {"error": "this server keeps no Idempotency-Key (started with --no-idempotency)"})
+            message = "this server keeps no Idempotency-Key (started with --no-idempotency)"
+            return _refused(400, "Idempotency-Key sent to a server with --no-idempotency", {"error": message})
         try:
             answer = await self._database_call(lambda: store.claim(key, digest))
         except Exception:
@@ -240,9 +296,11 @@ class IngestApp:
             return _replayed(answer.status, answer.response)
         if isinstance(answer, InProgress):
             message = "a request with this Idempotency-Key is in progress; ask again later"
-            return _json(409, {"error": message}, {"Retry-After": str(answer.retry_after)})
+            headers = {"Retry-After": str(answer.retry_after)}
+            return _refused(409, "Idempotency-Key in flight", {"error": message}, headers)
         if isinstance(answer, Mismatch):
-            return _json(422, {"error": "this Idempotency-Key was used with another body"})
+            message = "this Idempotency-Key was used with another body"
+            return _refused(422, "Idempotency-Key used with another body", {"error": message})
         return answer
 
     async def _take_over(self, store: IdempotencyStore, stale: Stale) -> Claimed | web.Response:
@@ -276,7 +334,7 @@ class IngestApp:
             return self._unavailable("the idempotency store is unavailable; nothing was published")
         if taken is None:
             message = "a request with this Idempotency-Key is in progress; ask again later"
-            return _json(409, {"error": message}, {"Retry-After": "1"})
+            return _refused(409, "Idempotency-Key in flight", {"error": message}, {"Retry-After": "1"})
         log.info("Idempotency-Key left by a stopped request: no receipt committed; published again")
         return taken
 
@@ -305,7 +363,14 @@ class IngestApp:
                     continue  # said by _database_call; the next renewal may pass
                 if not mine:
                     if not decided.is_set():  # answered meanwhile is no news; taken over is
-                        log.warning("an Idempotency-Key's claim was taken over while its request waited on its commit")
+                        # Another request holds the key now and may publish it: this one must not, if it can
+                        # still be stopped (a submission not begun is never published; one begun goes on, and
+                        # its late answer says so).
+                        stopped = published.cancel()
+                        log.warning(
+                            "an Idempotency-Key's claim was taken over while its request waited on its commit; %s",
+                            "its events were not published" if stopped else "its transaction had begun",
+                        )
                     return
 
         task = asyncio.create_task(renew())

@@ -26,11 +26,25 @@ this sets short (publish timeout + 10 s): until then read_committed consumers
 wait at its first record, delayed, never wrong.
 
 A commit whose outcome librdkafka reports as unknown (a retriable error from
-`commit_transaction`) is retried, past the request's own deadline, until it is
-known: answering `503` for a transaction that did commit is the one way this
-could double count. Only a fatal error (the producer fenced by another process
-with the same transactional id, mid-commit) leaves the outcome unknown; such a
+`commit_transaction` once every record was acknowledged: the commit itself was
+asked for) is retried, past the request's own deadline, until it is known:
+answering `503` for a transaction that did commit is the one way this could
+double count. Only a fatal error (the producer fenced by another process with
+the same transactional id, mid-commit) leaves the outcome unknown; such a
 request is answered `500` with `"outcome": "unknown"` (docs/contract.md, HTTP).
+
+Kafka going away (issue 28): a request in flight is answered `503` at its
+deadline, one `--publish-timeout` after it was handed over. Its records not
+acknowledged then, no commit was asked for, and none will be: the producer is
+dropped, never aborted (an abort waits on the broker that is gone), and the
+next producer's `init_transactions` aborts the transaction on the broker. A
+failed transaction always costs a new producer: one whose records timed out
+may hold sequence numbers the broker refuses ("skipped sequence numbers") once
+it is back. Readiness says Kafka is away as soon as librdkafka does (its
+`_ALL_BROKERS_DOWN`, served while idle every half second), or once a
+transaction has waited longer than the publish timeout; it comes back with the
+first check that Kafka answers (every second while it is away, every 5 s
+otherwise).
 
 A keyed request's submission carries its receipt (receipts.py), produced in the
 same transaction as its events, so that whether it committed can be read back
@@ -47,7 +61,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -108,7 +122,11 @@ class _Submission:
 
 
 class TransactionalPublisher:
-    """A thread that publishes submitted records in transactions; `submit` returns a Future per request."""
+    """A thread that publishes submitted records in transactions; `submit` returns a Future per request.
+
+    `kafka_problem` (read by /readyz from any thread) says why it cannot publish now, or None; `on_outcome`
+    is told each transaction's outcome (`committed`, `aborted`, `unknown`), for the metrics.
+    """
 
     def __init__(
         self,
@@ -117,22 +135,47 @@ class TransactionalPublisher:
         publish_timeout: float,
         max_records: int = 100_000,
         receipts: Receipts | None = None,
+        start: bool = True,
     ) -> None:
         self.settings = settings
         self.transactional_id = transactional_id
         self.publish_timeout = publish_timeout
         self.max_records = max_records
         self.receipts = receipts
+        self.on_outcome: Callable[[str], None] | None = None
         self._receipts_ready = False
-        self.kafka_problem: str | None = "not connected to Kafka yet"
+        self._problem: str | None = f"Kafka at {settings.kafka_bootstrap}: not connected yet"
+        self._away: str | None = None  # librdkafka said no broker answers; cleared by the next success
+        self._busy_since: float | None = None  # when the transaction in progress began
         self.transactions = {"committed": 0, "aborted": 0, "unknown": 0}
         self._queue: queue.Queue[_Submission | None] = queue.Queue()
         self._producer: Producer | None = None
         self._refusals = RefusalWatch()
         self._outage = Outage(log)
         self._stopping = threading.Event()
+        self._lifecycle = threading.Lock()  # start() and close() from different threads, one at a time
         self._thread = threading.Thread(target=self._run, name="ingest-transactions", daemon=True)
-        self._thread.start()
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Begin talking to Kafka (at construction unless `start=False`: the command line checks its settings
+        against the broker first, so that a refused setting exits in one line rather than a failing publisher's
+        log). Until then requests wait in the queue, and are answered 503 at their deadline."""
+        with self._lifecycle:
+            if self._thread.ident is None and not self._stopping.is_set():
+                self._thread.start()
+
+    @property
+    def kafka_problem(self) -> str | None:
+        """Why this process cannot publish now (for /readyz), or None."""
+        bootstrap = self.settings.kafka_bootstrap
+        if self._away is not None:
+            return f"Kafka at {bootstrap} is away: {self._away}"
+        began = self._busy_since
+        if began is not None and time.monotonic() - began > self.publish_timeout:
+            return f"Kafka at {bootstrap} has not confirmed a transaction for {time.monotonic() - began:.0f} s"
+        return self._problem
 
     def submit(
         self,
@@ -141,7 +184,8 @@ class TransactionalPublisher:
         receipt: tuple[int, bytes, bytes] | None = None,
     ) -> Future[None]:
         """Publish these (key, value) records with this CreateTime, all or none, and with them the request's
-        receipt (partition, key, value) when it has one; the Future says which."""
+        receipt (partition, key, value) when it has one; the Future says which. A caller that gives up on a
+        Future still pending may `cancel()` it: a cancelled submission is never published."""
         if receipt is not None and self.receipts is None:
             raise ValueError("a receipt for a publisher with no receipts topic")
         submission = _Submission(records, timestamp_ms, time.monotonic() + self.publish_timeout, receipt=receipt)
@@ -158,7 +202,17 @@ class TransactionalPublisher:
 
     def close(self, timeout: float) -> None:
         """Publish what was submitted (within `timeout`), then stop; later submissions are refused."""
-        self._stopping.set()
+        with self._lifecycle:
+            self._stopping.set()
+            started = self._thread.ident is not None
+        if not started:  # nothing was published: whatever waits is told so
+            while True:
+                try:
+                    waiting = self._queue.get_nowait()
+                except queue.Empty:
+                    return
+                if waiting is not None and waiting.future.set_running_or_notify_cancel():
+                    _settle(waiting, Unavailable("shutting down"))
         self._queue.put(None)
         self._thread.join(timeout)
         producer = self._producer
@@ -168,14 +222,15 @@ class TransactionalPublisher:
     # ------------------------------------------------------------------ the thread
 
     def _run(self) -> None:
-        idle_since = time.monotonic() - 5.0  # check Kafka at once: readiness should not wait for a request
+        next_check = time.monotonic()  # check Kafka at once: readiness should not wait for a request
         while True:
             try:
-                first = self._queue.get(timeout=1.0)
+                first = self._queue.get(timeout=IDLE_POLL_S)
             except queue.Empty:
-                if time.monotonic() - idle_since >= 5.0:
+                self._serve_callbacks()
+                if time.monotonic() >= next_check:
                     self._check_kafka()
-                    idle_since = time.monotonic()
+                    next_check = time.monotonic() + self._check_interval()
                 continue
             if first is None:
                 if self._queue.empty():
@@ -193,7 +248,29 @@ class TransactionalPublisher:
                 batch.append(more)
                 size += len(more.records)
             self._publish(batch)
-            idle_since = time.monotonic()
+            next_check = time.monotonic() + self._check_interval()
+
+    def _check_interval(self) -> float:
+        """Every 5 s while Kafka answers; every second while it does not, so that readiness comes back soon."""
+        return CHECK_EVERY_S if self._problem is None and self._away is None else RECHECK_AWAY_S
+
+    def _serve_callbacks(self) -> None:
+        """While idle, let librdkafka tell (error_cb) that no broker answers: readiness says so at once."""
+        producer = self._producer
+        if producer is not None:
+            producer.poll(0)
+
+    def _on_error(self, error: KafkaError) -> None:
+        """The producer's error_cb, called in this thread from poll, flush and commit_transaction."""
+        self._refusals(error)
+        if error.code() == KafkaError._ALL_BROKERS_DOWN and self._away is None:
+            self._away = error.str()
+            self._outage.failed(f"publishing to Kafka at {self.settings.kafka_bootstrap}", _AWAY, RECHECK_AWAY_S)
+
+    def _count(self, outcome: str) -> None:
+        self.transactions[outcome] += 1
+        if self.on_outcome is not None:
+            self.on_outcome(outcome)
 
     def _publish(self, batch: list[_Submission]) -> None:
         now = time.monotonic()
@@ -209,26 +286,47 @@ class TransactionalPublisher:
         if not live:
             return
         deadline = min(s.deadline for s in live)
+        self._busy_since = now
         try:
             self._transaction(live, deadline)
         except OutcomeUnknown as exc:
-            self.transactions["unknown"] += 1
+            self._count("unknown")
             for submission in live:
                 _settle(submission, exc)
             return
         except Exception as exc:
-            self.transactions["aborted"] += 1
+            self._count("aborted")
             problem = str(exc) or type(exc).__name__
-            self._outage.failed(f"publishing to Kafka at {self.settings.kafka_bootstrap}", problem, 0.0)
-            self.kafka_problem = problem
-            for submission in live:
+            for submission in live:  # answered first: nothing below waits on Kafka
                 _settle(submission, Unavailable(problem))
+            self._failed(problem, exc)
             return
-        self.transactions["committed"] += 1
-        self._outage.recovered(f"publishing to Kafka at {self.settings.kafka_bootstrap} works again")
-        self.kafka_problem = None
+        finally:
+            self._busy_since = None
+        self._count("committed")
+        self._ok()
         for submission in live:
             _settle(submission, None)
+
+    def _failed(self, problem: str, exc: BaseException) -> None:
+        self._problem = f"Kafka at {self.settings.kafka_bootstrap}: {problem}"
+        self._outage.failed(f"publishing to Kafka at {self.settings.kafka_bootstrap}", self._reason(exc), 0.0)
+
+    def _ok(self) -> None:
+        self._outage.recovered(f"publishing to Kafka at {self.settings.kafka_bootstrap} works again")
+        self._problem = self._away = None
+
+    def _reason(self, exc: BaseException) -> str:
+        """What the log says failed: one wording per kind of failure, so that an outage whose errors vary in
+        their details (a timeout here, a transport failure there) is one WARNING, not one per variant."""
+        if self._away is not None:
+            return _AWAY
+        error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+        if isinstance(exc, (TimeoutError, _Late)) or (
+            isinstance(error, KafkaError) and (error.retriable() or error.code() in _NO_ANSWER)
+        ):
+            return "no answer in time"
+        return (str(exc) or type(exc).__name__).splitlines()[0]
 
     def _ensure_producer(self, deadline: float) -> Producer:
         if self.receipts is not None and not self._receipts_ready:
@@ -243,13 +341,12 @@ class TransactionalPublisher:
                         "transactional.id": self.transactional_id,
                         "transaction.timeout.ms": transaction_timeout_ms(self.publish_timeout),
                         "linger.ms": 2,
-                        "error_cb": self._refusals,
+                        "error_cb": self._on_error,
                     },
                 )
             )
             try:
-                # Fences an earlier process with this id and aborts what it left open.
-                producer.init_transactions(max(0.5, deadline - time.monotonic()))
+                self._init_transactions(producer, deadline)
             except KafkaException as exc:
                 self._refusals.raise_if_refused(self.settings)
                 error = exc.args[0] if exc.args else None
@@ -266,24 +363,42 @@ class TransactionalPublisher:
             self._producer = producer
         return self._producer
 
+    def _init_transactions(self, producer: Producer, deadline: float) -> None:
+        """`init_transactions` (which fences an earlier process with this id and aborts what it left open), in
+        slices of a second resumed until `deadline`: librdkafka serves error_cb only between calls, so a refusal
+        or no broker answering is known within a second instead of at the deadline."""
+        while True:
+            try:
+                producer.init_transactions(max(0.2, min(1.0, deadline - time.monotonic())))
+                return
+            except KafkaException as exc:
+                producer.poll(0)
+                self._refusals.raise_if_refused(self.settings)
+                error = exc.args[0] if exc.args else None
+                if not (isinstance(error, KafkaError) and error.retriable()):
+                    raise
+                if time.monotonic() >= deadline:  # said plainly, not as librdkafka's "retry call to resume"
+                    raise TimeoutError(f"no answer from Kafka in time ({self._away or error.str()})") from None
+
     def _drop_producer(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
             producer.flush(0)
 
     def _transaction(self, batch: list[_Submission], deadline: float) -> None:
-        """Commit every record of `batch` in one transaction, or raise: Unavailable-worthy, or OutcomeUnknown."""
+        """Commit every record of `batch` in one transaction, or raise: Unavailable-worthy, or OutcomeUnknown.
+
+        A transaction that fails is never aborted here: its producer is dropped, and the next one's
+        `init_transactions` (at the next check, within a second while Kafka is away, or the next request) aborts
+        it on the broker and fences this one. An abort would wait on a broker that may be gone, before the
+        requests could be answered (they were answered a publish timeout late), and a producer whose records
+        timed out may keep sequence numbers the broker no longer takes (the first transaction after an outage
+        failed with "skipped sequence numbers"). What it costs: the transaction stays open (read_committed
+        consumers wait at its first record) until that `init_transactions`, and a new producer per failure.
+        """
         try:
             producer = self._ensure_producer(deadline)
-        except Exception:
-            self._drop_producer()
-            raise
-        try:
             producer.begin_transaction()
-        except Exception:  # a fatal producer (fenced, or an error of a previous transaction): start anew
-            self._drop_producer()
-            raise
-        try:
             for submission in batch:
                 for key, value in submission.records:
                     self._produce(producer, self.settings.topic, None, key, value, submission.timestamp_ms, deadline)
@@ -292,10 +407,12 @@ class TransactionalPublisher:
                     self._produce(
                         producer, self.receipts.topic, partition, key, value, submission.timestamp_ms, deadline
                     )
-        except BaseException:
-            self._abort(producer)
+            self._commit(producer, deadline)
+        except OutcomeUnknown:
             raise
-        self._commit(producer, deadline)
+        except BaseException:
+            self._drop_producer()
+            raise
 
     def _produce(
         self,
@@ -318,8 +435,15 @@ class TransactionalPublisher:
                 producer.poll(0.05)
 
     def _commit(self, producer: Producer, deadline: float) -> None:
-        # Within the request's deadline an error may still abort the transaction cleanly: 503. A retriable
-        # error means the outcome is not known yet: ask again until it is, whatever the deadline says.
+        """Commit within the request's deadline, or raise Unavailable when the transaction cannot commit any more.
+
+        `commit_transaction` first waits for every record to be acknowledged, and only then asks the broker to
+        commit (EndTxn). A retriable error with records still unacknowledged is therefore the flush timing out:
+        no commit was asked for, and past the deadline none will be (the producer is dropped): 503, within the
+        one publish timeout the contract gives. A retriable error with every record acknowledged may be an
+        EndTxn whose answer was lost: the outcome is not known yet, and is asked for again until it is, whatever
+        the deadline says (a 503 for a transaction that did commit is the one way this could double count).
+        """
         while True:
             try:
                 producer.commit_transaction(max(0.5, deadline - time.monotonic()))
@@ -327,11 +451,21 @@ class TransactionalPublisher:
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
                 if error.txn_requires_abort():
-                    self._abort(producer)
                     raise Unavailable(f"transaction aborted: {error.str()}") from None
                 if error.retriable():
+                    if len(producer) > 0:  # still flushing: no commit asked for yet
+                        if time.monotonic() >= deadline:
+                            raise _Late(
+                                f"Kafka did not acknowledge the records within --publish-timeout "
+                                f"({self.publish_timeout:g} s): {error.str()}"
+                            ) from None
+                        continue
                     if time.monotonic() >= deadline:
-                        log.warning("commit not confirmed by the deadline; asking again: %s", error.str())
+                        self._outage.failed(
+                            f"publishing to Kafka at {self.settings.kafka_bootstrap}",
+                            "a commit's outcome not known by its deadline; asking again",
+                            self.publish_timeout,
+                        )
                         deadline = time.monotonic() + self.publish_timeout
                     continue
                 self._drop_producer()
@@ -339,31 +473,37 @@ class TransactionalPublisher:
                     raise OutcomeUnknown(f"the producer failed mid-commit: {error.str()}") from None
                 raise OutcomeUnknown(f"commit failed: {error.str()}") from None
 
-    def _abort(self, producer: Producer) -> None:
-        try:
-            producer.abort_transaction(self.publish_timeout)
-        except Exception as exc:  # not even that: a new producer (its init_transactions aborts for us)
-            log.warning("abort failed (%s); the next transaction starts a new producer", exc)
-            self._drop_producer()
-
     def _check_kafka(self) -> None:
         """While idle: whether Kafka answers, so that readiness says so before the next request finds out."""
+        bootstrap = self.settings.kafka_bootstrap
         try:
-            producer = self._ensure_producer(time.monotonic() + 5.0)
-            producer.list_topics(self.settings.topic, timeout=5.0)
+            producer = self._ensure_producer(time.monotonic() + CHECK_TIMEOUT_S)
+            producer.list_topics(self.settings.topic, timeout=CHECK_TIMEOUT_S)
         except ReceiptsProblem as exc:  # Kafka answers, but keyed requests could not be published once-only
             self._drop_producer()
-            self.kafka_problem = str(exc)
-            self._outage.failed(f"the receipts topic on {self.settings.kafka_bootstrap}", str(exc), 5.0)
+            self._problem = str(exc)
+            self._outage.failed(f"the receipts topic on {bootstrap}", str(exc), RECHECK_AWAY_S)
             return
         except Exception as exc:
             self._drop_producer()
-            self.kafka_problem = f"Kafka at {self.settings.kafka_bootstrap} does not answer: {exc}"
-            self._outage.failed(f"reaching Kafka at {self.settings.kafka_bootstrap}", str(exc), 5.0)
+            self._problem = f"Kafka at {bootstrap} does not answer: {exc}"
+            self._outage.failed(f"publishing to Kafka at {bootstrap}", self._reason(exc), RECHECK_AWAY_S)
             return
-        if self.kafka_problem is not None:
-            self._outage.recovered(f"Kafka at {self.settings.kafka_bootstrap} answers")
-        self.kafka_problem = None
+        self._ok()
+
+
+class _Late(Unavailable):
+    """The records were not acknowledged by the request's deadline, and no commit was asked for."""
+
+
+# The thread's rhythm: how long it waits for a request before serving librdkafka's callbacks, how often it asks
+# Kafka while idle (and while Kafka is away), and how long such a check may take.
+IDLE_POLL_S = 0.5
+CHECK_EVERY_S = 5.0
+RECHECK_AWAY_S = 1.0
+CHECK_TIMEOUT_S = 5.0
+_AWAY = "no broker answers"
+_NO_ANSWER = frozenset({KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
 
 
 def _settle(submission: _Submission, outcome: BaseException | None) -> None:
