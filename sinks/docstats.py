@@ -251,6 +251,17 @@ class DocStatsSink(PartitionFences):
         outcome: DocApplyOutcome,
     ) -> None:
         """The deltas of `mine`, summed per skill, and their fences (rows already locked), counted into `outcome`."""
+        skills, owners, unknown = self.add_deltas(connection, mine, now)
+        self.advance(connection, locked, {part.partition: part.next_offset for part in mine}, now)
+        outcome.partitions += len(mine)
+        outcome.skills_updated += skills
+        outcome.owners_updated += owners
+        outcome.unknown_skill_events += unknown
+
+    def add_deltas(self, connection: Any, mine: Sequence[PartitionDeltas], now: Any) -> tuple[int, int, int]:
+        """The deltas of `mine`, summed per skill, added to `skills` and the owners' `user_skill_stats`, inside
+        the caller's transaction and without any fence (what says they were applied is the caller's: the fences
+        here, the legacy import's manifest there); (skills updated, owners updated, events of unknown skills)."""
         totals: dict[str, list[int]] = {}
         for part in mine:
             # Summed: a skill's events may have come through several of these partitions.
@@ -289,11 +300,7 @@ class DocStatsSink(PartitionFences):
             "updated_at",
             now,
         )
-        self.advance(connection, locked, {part.partition: part.next_offset for part in mine}, now)
-        outcome.partitions += len(mine)
-        outcome.skills_updated += len(changed)
-        outcome.owners_updated += len(per_owner)
-        outcome.unknown_skill_events += unknown
+        return len(changed), len(per_owner), unknown
 
     def _apply_one_by_one(
         self,

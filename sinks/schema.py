@@ -6,7 +6,7 @@ frozen history that creates them. Table and column names are a contract.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Date, DateTime, Index, Integer, MetaData, Table, Text
+from sqlalchemy import BigInteger, Column, Date, DateTime, Double, Index, Integer, MetaData, Table, Text
 
 metadata = MetaData()
 
@@ -170,4 +170,22 @@ ingest_requests = Table(
     Column("expires_at", DateTime, nullable=False, index=True),
     Column("renewed_at", DateTime, nullable=True),  # the lease renewed while the request waits on its commit
     Column("lease_until", DateTime, nullable=True),  # where the claimant's own lease ends (migration 0008)
+)
+
+# What `skillstats legacy import` applied from a Convex export of the system skillstats replaces
+# (skillstats/legacy/): one row per legacy document and target, written in the transaction that adds
+# its counts, so an export imported again (whole, cut off and rerun, or a later one holding more
+# rows) applies each document to each target once. `target`: `windows` (hourly and daily rows of an
+# event above the old daily cursor), `skills` (skill and owner totals of an event the old doc sync
+# had not applied), `history` (a `skillDailyStats` row added to skill_daily_stats). `created_ms` is
+# the document's `_creationTime`; `export_bound` the newest `_creationTime` of the export it came
+# from, which lets a plan see rows of another deployment's export the ids cannot (docs/operations.md).
+legacy_manifest = Table(
+    "skillstats_legacy_manifest",
+    metadata,
+    Column("legacy_id", Text, primary_key=True),
+    Column("target", Text, primary_key=True),
+    Column("created_ms", Double, nullable=False),
+    Column("export_bound", Double, nullable=False),
+    Column("imported_at", DateTime, nullable=False),
 )

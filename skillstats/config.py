@@ -230,7 +230,8 @@ def _url_secrets(url: str) -> list[str]:
 # and dict reprs write them; not any name ending in "password", or a traceback's `hide_password=False` would be).
 _URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s:/@?#'\"<>]*:)[^\s?#'\"<>]*@")
 _PASSWORD_VALUE = re.compile(
-    r"(?P<head>(?<![\w.-])(?:sasl\.|sasl_plain_|ssl\.key\.|ssl|pg|skillstats_kafka_sasl_|skillstats_kafka_ssl_key_)?password"
+    r"(?P<head>(?<![\w.-])(?:(?:sasl\.|sasl_plain_|ssl\.key\.|ssl\.keystore\.|ssl\.truststore\.|ssl|pg"
+    r"|skillstats_kafka_sasl_|skillstats_kafka_ssl_key_)?password|sasl\.oauthbearer\.client\.secret)"
     r"['\"]?\s*[=:]\s*)"
     r"(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\s'\"&,;()\[\]{}<>]+)",
     re.IGNORECASE,
@@ -282,10 +283,23 @@ def mask(text: str, secrets: list[str]) -> str:
     Costs a regular expression pass over text holding "://" or "password", and one
     `str.replace` per distinctive secret.
     """
-    text = _mask_positions(text)
-    for secret in sorted((s for s in secrets if _distinctive(s)), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text
+    # Distinctive secrets first: a value the positional pass cuts short (at a "," or ")") is then still whole.
+    ordered = sorted(secrets, key=len, reverse=True)
+    for secret in ordered:
+        if _distinctive(secret):
+            text = text.replace(secret, "***")
+    # A common-word secret only where it stands as one, whatever characters the patterns below stop at (a URL
+    # password with a quote or "#" in it): after "user:" before "@", and as a password-named setting's value.
+    for secret in ordered:
+        if secret and not _distinctive(secret) and secret in text:
+            text = text.replace(f":{secret}@", ":***@")
+            text = re.sub(
+                r"((?:password|secret)['\"]?\s*[=:]\s*['\"]?)" + re.escape(secret) + r"(?![\w])",
+                r"\g<1>***",
+                text,
+                flags=re.IGNORECASE,
+            )
+    return _mask_positions(text)
 
 
 class MaskSecrets(logging.Filter):

@@ -32,6 +32,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+from confluent_kafka import KafkaException
 from sqlalchemy import Engine, func, select
 
 from skillstats.config import FIRST_ANSWER_S, Settings, mask, redact_url
@@ -229,6 +230,10 @@ def status(settings: Settings, dlq_rows: int = 5, timeout: float = FIRST_ANSWER_
         except KafkaUnreachable as exc:  # KafkaRefused too: the database's side stands alone
             report["kafka_unreachable"] = mask(str(exc), settings.secrets())  # printed on stdout: never a secret
             return Status(report, exc)
+        except (KafkaException, TimeoutError) as exc:  # Kafka half-answers (no leader, a broker dying mid-run)
+            unreachable = KafkaUnreachable(settings, timeout, exc)
+            report["kafka_unreachable"] = mask(str(unreachable), settings.secrets())
+            return Status(report, unreachable)
         return Status(report, None)
     finally:
         engine.dispose()

@@ -181,7 +181,10 @@ class DocSync:
             self.positions.claim()
             ends = self._snapshot()
             # After the claim and the fence check (their refusals say more), before anything is read.
-            if not self.allow_empty_registry and self.sink.registry_is_empty():
+            # Only with something to read: a fresh deployment's drains over an empty topic refuse nothing.
+            fences = self.sink.fences()
+            waiting = any(end > fences.get(p, 0) for p, end in ends.items())
+            if waiting and not self.allow_empty_registry and self.sink.registry_is_empty():
                 raise EmptyRegistry(redact_url(self.engine.url.render_as_string(hide_password=False)))
             consumer, parts = self._read(summary, started, ends)
             # The topic the records came from is still the one claimed: a topic recreated

@@ -225,3 +225,17 @@ def test_a_bootstrap_without_a_port_is_refused_naming_the_setting() -> None:
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "SKILLSTATS_KAFKA_BOOTSTRAP (or --bootstrap): 'kafka-2'" in done.stderr, done.stderr
     assert "kafka.sh bootstrap" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_masking_keeps_a_secret_whole_and_masks_a_common_word_where_it_stands() -> None:
+    """Review findings on redaction by position: a value the positional pass cut short at "," leaked its tail; a
+    URL password holding a quote, and the keystore and OAuth secrets, were not masked at all."""
+    from skillstats.config import mask
+
+    assert mask("password=Summer,2024! then", ["Summer,2024!"]) == "password=*** then"
+    assert mask("postgresql://u:it's@db/x failed", ["it's"]) == "postgresql://u:***@db/x failed"
+    shown = mask("ssl.keystore.password=abc sasl.oauthbearer.client.secret=zz", [])
+    assert shown == "ssl.keystore.password=*** sasl.oauthbearer.client.secret=***"
+    assert mask("skillstats status: postgresql://u:status@h/db", ["status"]) == (
+        "skillstats status: postgresql://u:***@h/db"
+    )

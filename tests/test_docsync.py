@@ -264,6 +264,8 @@ def test_an_empty_registry_is_refused_and_the_event_waits_for_its_row(settings: 
     from skillstats.contract import make_event
     from tests.helpers import fences
 
+    quiet, [nothing] = run_docsync(settings)  # an empty topic: nothing would be skipped, nothing refused
+    assert quiet == 0 and nothing["events_read"] == 0, nothing
     event = make_event("sk_1", "download", int(time.time() * 1000))
     publish(settings, [Record(event.key, event.encode(), True)])
     refused = cli(settings, "docsync", "--json")

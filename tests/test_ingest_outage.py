@@ -130,6 +130,7 @@ def metric(text: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
+@pytest.mark.faults  # a broker (or a process) stopped mid-run: the fault suite
 def test_ingest_rides_out_a_broker_stopped_and_started(own_kafka: OwnKafka, tmp_path: Path) -> None:
     """While clients keep sending: the requests in flight when the broker goes are answered 503 within about one
     --publish-timeout (they waited for the message timeout, twice as long, and more); /readyz is 503 within that

@@ -277,16 +277,18 @@ def test_ingest_has_its_own_shutdown_budget_and_listens_on_loopback_unless_told(
 
 
 class FakeProducer:
-    """A producer whose commit fails as librdkafka's does, `unacknowledged` records still queued (len)."""
+    """A producer whose commit fails as librdkafka's does, `unacknowledged` records without a delivery report;
+    its queue (len) also holds `events` (log lines, errors) that are no records."""
 
-    def __init__(self, errors: list[KafkaError], unacknowledged: int) -> None:
+    def __init__(self, errors: list[KafkaError], unacknowledged: int, events: int = 0) -> None:
         self.errors = errors
         self.unacknowledged = unacknowledged
+        self.events = events
         self.commits = 0
         self.aborts = 0
 
     def __len__(self) -> int:
-        return self.unacknowledged
+        return self.unacknowledged + self.events
 
     def commit_transaction(self, _timeout: float) -> None:
         self.commits += 1
@@ -306,6 +308,7 @@ def committing(producer: FakeProducer) -> TransactionalPublisher:
     publisher = publisher_without_kafka(None)
     publisher.publish_timeout = 4.0
     publisher._producer = producer  # type: ignore[assignment]
+    publisher._undelivered = producer.unacknowledged  # as _produce and _delivered count them
     return publisher
 
 
@@ -332,6 +335,13 @@ def test_a_commit_is_given_up_at_its_deadline_only_when_it_was_never_asked_for()
     publisher = committing(lost)
     publisher._commit(lost, time.monotonic())  # type: ignore[arg-type]
     assert lost.commits == 3
+
+    # Review finding: librdkafka's queue length counts log lines and errors too (a broker dropping the link
+    # queues "Disconnected" lines): every record delivered and the EndTxn sent, it must not pass for a flush.
+    noisy = FakeProducer([KafkaError(KafkaError._TIMED_OUT, "EndTxn timed out", retriable=True)] * 2, 0, events=7)
+    publisher = committing(noisy)
+    publisher._commit(noisy, time.monotonic())  # type: ignore[arg-type]
+    assert noisy.commits == 3
 
 
 def test_a_replica_with_a_shorter_lease_does_not_end_a_longer_one(store: IdempotencyStore, clock: Clock) -> None:

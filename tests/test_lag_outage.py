@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from skillstats.config import Settings
 from skillstats.kafka import ensure_topics
 from skillstats.sinks.db import open_engine
@@ -76,6 +78,7 @@ def test_without_kafka_at_start_it_serves_at_once_and_says_so_once(tmp_path: Pat
     assert len(unreachable) == 1 and " WARNING " in unreachable[0], lines
 
 
+@pytest.mark.faults  # a broker (or a process) stopped mid-run: the fault suite
 def test_a_broker_stopped_and_started_is_said_once_each_way(restartable_kafka: str, tmp_path: Path) -> None:
     settings = Settings(
         kafka_bootstrap=restartable_kafka,

@@ -90,6 +90,7 @@ def restartable_kafka(tmp_path: Path) -> Iterator[str]:
         own_broker("reset", bootstrap, tmp_path)
 
 
+@pytest.mark.faults  # a broker (or a process) stopped mid-run: the fault suite
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_worker_cut_off_from_kafka_says_so_once_and_reads_again(
     database_url: str, restartable_kafka: str, tmp_path: Path

@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prune": ("prune", "delete old events every required group has read (dry run unless --apply)"),
     "lag-exporter": ("lag_exporter", "serve both groups' lag (records and seconds) to Prometheus; always on"),
     "bench": ("bench", "measure throughput, memory and latency of each consumer"),
+    "legacy": ("legacy", "move in from the legacy system: plan and import a Convex export, exactly once"),
 }
 
 

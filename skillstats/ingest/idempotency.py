@@ -142,7 +142,9 @@ class IdempotencyStore:
             if found is None:  # released or purged since: the next attempt claims it
                 return InProgress(retry_after=1)
             # The claimant's own lease where it wrote one: a replica of a shorter lease must not end a longer one.
-            lease_ends = found.lease_until or max(found.claimed_at, found.renewed_at or found.claimed_at) + self.lease
+            # (The later of the two: a row renewed by a version that wrote no lease_until is judged as before.)
+            judged_here = max(found.claimed_at, found.renewed_at or found.claimed_at) + self.lease
+            lease_ends = judged_here if found.lease_until is None else max(found.lease_until, judged_here)
             in_flight = found.status is None and lease_ends > now
             if found.expires_at <= now and not in_flight and (found.status is not None or found.body_sha256 != digest):
                 # Expired: a new request under an old key, with none of its answer. (Expired with no answer and

@@ -64,6 +64,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
@@ -150,6 +151,7 @@ class TransactionalPublisher:
         self.transactions = {"committed": 0, "aborted": 0, "unknown": 0}
         self._queue: queue.Queue[_Submission | None] = queue.Queue()
         self._producer: Producer | None = None
+        self._undelivered = 0  # records of the transaction in progress without a delivery report (_delivered)
         self._refusals = RefusalWatch()
         self._outage = Outage(log)
         self._stopping = threading.Event()
@@ -399,6 +401,7 @@ class TransactionalPublisher:
         try:
             producer = self._ensure_producer(deadline)
             producer.begin_transaction()
+            self._undelivered = 0
             for submission in batch:
                 for key, value in submission.records:
                     self._produce(producer, self.settings.topic, None, key, value, submission.timestamp_ms, deadline)
@@ -427,23 +430,34 @@ class TransactionalPublisher:
         where = {} if partition is None else {"partition": partition}
         while True:
             try:
-                producer.produce(topic, value=value, key=key, timestamp=timestamp_ms, **where)
+                producer.produce(
+                    topic, value=value, key=key, timestamp=timestamp_ms, on_delivery=self._delivered, **where
+                )
+                self._undelivered += 1
                 return
             except BufferError:  # librdkafka's queue is full: let it drain, within the deadline
                 if time.monotonic() >= deadline:
                     raise TimeoutError("the producer's queue stayed full past --publish-timeout") from None
                 producer.poll(0.05)
 
+    def _delivered(self, _error: KafkaError | None, _message: Any) -> None:
+        """A delivery report, ok or not: librdkafka serves these (inside `commit_transaction`'s flush too) before
+        it can ask for the commit, so records without one prove that no commit was asked for."""
+        self._undelivered -= 1
+
     def _commit(self, producer: Producer, deadline: float) -> None:
         """Commit within the request's deadline, or raise Unavailable when the transaction cannot commit any more.
 
-        `commit_transaction` first waits for every record to be acknowledged, and only then asks the broker to
-        commit (EndTxn). A retriable error with records still unacknowledged is therefore the flush timing out:
-        no commit was asked for, and past the deadline none will be (the producer is dropped): 503, within the
-        one publish timeout the contract gives. A retriable error with every record acknowledged may be an
-        EndTxn whose answer was lost: the outcome is not known yet, and is asked for again until it is, whatever
-        the deadline says (a 503 for a transaction that did commit is the one way this could double count).
+        `commit_transaction` first waits for every record's delivery report, and only then asks the broker to
+        commit (EndTxn). A retriable error with records still without a report (counted by `_delivered`, not by
+        `len(producer)`, which also counts log and error events queued for the application and so can stay
+        above 0 after EndTxn was sent) is therefore the flush timing out: no commit was asked for, and past the
+        deadline none will be (the producer is dropped): 503, within the one publish timeout the contract gives.
+        Once an attempt ends with every report in, an EndTxn may have been sent and its answer lost: from then on
+        the outcome is asked for again until it is known, whatever the deadline says (a 503 for a transaction
+        that did commit is the one way this could double count).
         """
+        commit_may_be_sent = False
         while True:
             try:
                 producer.commit_transaction(max(0.5, deadline - time.monotonic()))
@@ -453,7 +467,8 @@ class TransactionalPublisher:
                 if error.txn_requires_abort():
                     raise Unavailable(f"transaction aborted: {error.str()}") from None
                 if error.retriable():
-                    if len(producer) > 0:  # still flushing: no commit asked for yet
+                    commit_may_be_sent = commit_may_be_sent or self._undelivered <= 0
+                    if not commit_may_be_sent:  # still flushing: no commit asked for yet
                         if time.monotonic() >= deadline:
                             raise _Late(
                                 f"Kafka did not acknowledge the records within --publish-timeout "
