@@ -124,6 +124,9 @@ _KAFKA_CLIENT_NOISE = (
     "Marking the coordinator dead",
     "is either not started or not valid",
 )
+# Never folded, whatever the template: a broker refusing our TLS or SASL (an expired certificate on one broker
+# is no outage of the worker's, and must stay an ERROR).
+_KAFKA_CLIENT_NEVER_FOLDED = ("SSL", "certificate", "SASL", "uthenticat")
 
 
 def _utc(epoch: float) -> str:
@@ -254,6 +257,8 @@ class KafkaClientNoise(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith("aiokafka") or not any(text in str(record.msg) for text in _KAFKA_CLIENT_NOISE):
+            return True
+        if any(text in record.getMessage() for text in _KAFKA_CLIENT_NEVER_FOLDED):
             return True
         if self.reach.client_error(record.getMessage()):
             record.levelno, record.levelname = logging.INFO, "INFO"

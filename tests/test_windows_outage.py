@@ -188,3 +188,8 @@ def test_outside_an_outage_one_client_line_a_minute_is_shown_and_none_during_one
     assert reach.client_errors == 51
     reach.fetched(records=False, polled=1)  # a fetch answered
     assert not reach.unreachable and reach.problem() is None
+    # A broker refusing our TLS or SASL is no outage to fold: its ERROR passes as it is (review finding).
+    refused = logging.LogRecord(
+        "aiokafka", logging.ERROR, __file__, 1, "Unable connect to node with id %s: %s", ("2", "[SSL] cert"), None
+    )
+    assert noise.filter(refused) and refused.levelno == logging.ERROR
