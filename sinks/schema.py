@@ -189,3 +189,18 @@ legacy_manifest = Table(
     Column("export_bound", Double, nullable=False),
     Column("imported_at", DateTime, nullable=False),
 )
+
+# The old system's marks each imported export carried (skillstats/legacy/plan.py): its daily cursor
+# and its bounds, written in the transactions that add its counts. A later export must carry the
+# same cursor, and none of its rows created after an earlier export's bound may be processed or at
+# or below that cursor: else the old crons ran in between, and importing it would count twice or
+# miss rows. `history_bound` (the newest `skillDailyStats` `_creationTime`) is set once its history
+# rows are imported (--history); NULL: never with --history.
+legacy_exports = Table(
+    "skillstats_legacy_exports",
+    metadata,
+    Column("export_bound", Double, primary_key=True),
+    Column("cursor_creation_time", Double, nullable=True),
+    Column("history_bound", Double, nullable=True),
+    Column("recorded_at", DateTime, nullable=False),
+)

@@ -478,24 +478,28 @@ def commit_metadata(
 ) -> dict[int, str]:
     """The metadata of the group's last commit per partition of `topic` (partitions never committed left out).
 
-    One OffsetFetch through the admin API: no consumer is made, and the group is
-    not joined. Where the consumers write which database counts the group."""
-    from confluent_kafka import ConsumerGroupTopicPartitions
-
-    admin = AdminClient(settings.kafka_config())
+    Asked through a consumer of the group that never subscribes (an OffsetFetch to
+    the group's coordinator: the group is not joined), as `committed_offsets` asks.
+    Not through the admin API's list_consumer_group_offsets: with confluent-kafka
+    2.16 that crashed the process (SIGSEGV) when asked right after a broker's first
+    start, before its group coordinator was up (a CI run's first worker died of it).
+    Where the consumers write which database counts the group."""
     if partitions is None:
         partitions = partition_count(settings, topic, timeout)
-    request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in range(partitions)])
-    for _attempt in range(3):
-        try:
-            answer = admin.list_consumer_group_offsets([request], request_timeout=timeout)[group].result(timeout)
-            return {
-                tp.partition: tp.metadata or ""
-                for tp in answer.topic_partitions
-                if tp.topic == topic and tp.offset >= 0 and tp.error is None
-            }
-        except UnicodeDecodeError:  # metadata without a NUL, read past its end (sinks/identity.py): ask again
-            continue
+    wanted = [TopicPartition(topic, p) for p in range(partitions)]
+    consumer = Consumer(settings.kafka_config(**{"group.id": group, "enable.auto.commit": False}))
+    try:
+        for _attempt in range(3):
+            try:
+                return {
+                    tp.partition: tp.metadata or ""
+                    for tp in consumer.committed(wanted, timeout=timeout)
+                    if tp.offset >= 0 and tp.error is None
+                }
+            except UnicodeDecodeError:  # metadata without a NUL, read past its end (sinks/identity.py): ask again
+                continue
+    finally:
+        consumer.close()
     raise KafkaException(KafkaError(KafkaError._BAD_MSG, f"group {group}: its commits' metadata cannot be read"))
 
 

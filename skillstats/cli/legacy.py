@@ -56,6 +56,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "`plan`: another deployment's export would count its events twice)",
     )
     run_import.add_argument(
+        "--allow-unknown-skills",
+        action="store_true",
+        help="import even when events owed to the skill totals are for skills with no row in `skills` (see `plan`: "
+        "they are skipped for good, as docsync skips a deleted skill's events)",
+    )
+    run_import.add_argument(
         "--allow-empty-registry",
         action="store_true",
         help="import even when `skills` has no rows (the events owed to the skill totals are then skipped for good)",
@@ -104,7 +110,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 plan = importer.plan(export, history=args.history, progress=bar.update)
             if not args.json:
                 print(plan.render(), flush=True)
-            importer.check(plan, allow_older_rows=args.allow_older_rows, allow_empty_registry=args.allow_empty_registry)
+            importer.check(
+                plan,
+                allow_older_rows=args.allow_older_rows,
+                allow_empty_registry=args.allow_empty_registry,
+                allow_unknown_skills=args.allow_unknown_skills,
+            )
             previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
             try:
                 with _bar(export.size(EVENTS), "import") as bar:

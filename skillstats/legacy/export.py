@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import io
 import math
+import sqlite3
+import tempfile
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -64,6 +66,7 @@ class LegacyEvent:
     created: float  # `_creationTime`, milliseconds (a float in Convex)
     processed: bool  # has `processedAt`: the doc sync applied it to the skill's totals
     event: StatEvent
+    line: int = 0  # its line in documents.jsonl (for a refusal naming it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,7 @@ class HistoryRow:
     day: int  # whole UTC days since 1970-01-01
     downloads: int
     installs: int
+    line: int = 0
 
 
 class Export:
@@ -207,6 +211,50 @@ class Export:
             yield parse_history(_document(line, where, number), where, number)
 
 
+class Duplicates:
+    """Refuses an `_id` seen before in the same table (ExportError naming the second line and the first).
+
+    Convex never writes one `_id` twice; an export that does was spliced or damaged, and its copies
+    may differ (one processed, one not), so which one counts is unknowable: refused, not guessed.
+    Why a temporary SQLite file: the ids seen must be kept for the whole pass, and memory must not
+    grow with the export; the file does (about 60 bytes per id, deleted on close), memory stays at
+    SQLite's page cache. One indexed insert per chunk of ids."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self._dir = tempfile.TemporaryDirectory(prefix="skillstats-legacy-")
+        self._db = sqlite3.connect(Path(self._dir.name) / "ids.sqlite")
+        self._db.execute("PRAGMA journal_mode=OFF")
+        self._db.execute("PRAGMA synchronous=OFF")
+        self._db.execute("CREATE TABLE seen (id TEXT PRIMARY KEY, line INTEGER NOT NULL) WITHOUT ROWID")
+
+    def check(self, chunk: list[tuple[str, int]]) -> None:
+        """(id, line) of the next documents, in file order."""
+        first: dict[str, int] = {}
+        for doc_id, number in chunk:
+            if doc_id in first:
+                self._refuse(doc_id, number, first[doc_id])
+            first[doc_id] = number
+        ids = list(first)
+        for start in range(0, len(ids), 500):  # SQLite's bound-parameter limit
+            part = ids[start : start + 500]
+            marks = ",".join("?" * len(part))
+            for doc_id, earlier in self._db.execute(f"SELECT id, line FROM seen WHERE id IN ({marks})", part):
+                self._refuse(doc_id, first[doc_id], earlier)
+        self._db.executemany("INSERT INTO seen VALUES (?, ?)", first.items())
+
+    def _refuse(self, doc_id: str, number: int, earlier: int) -> None:
+        self.close()
+        raise ExportError(
+            f"{self.where}:{number}: _id {doc_id!r} again (first at line {earlier}): Convex never writes an _id "
+            f"twice, so the export is spliced or damaged and which copy counts is unknown; export again"
+        )
+
+    def close(self) -> None:
+        self._db.close()
+        self._dir.cleanup()
+
+
 def _document(line: bytes, where: str, number: int) -> dict[str, Any]:
     try:
         document = orjson.loads(line)
@@ -287,7 +335,7 @@ def parse_event(document: dict[str, Any], where: str, number: int) -> LegacyEven
         for wire, legacy in _LEGACY_NAMES:
             message = message.replace(wire, legacy)
         raise ExportError(f"{where}:{number}: {message}")
-    return LegacyEvent(doc_id, created, processed is not None, event)
+    return LegacyEvent(doc_id, created, processed is not None, event, number)
 
 
 def parse_history(document: dict[str, Any], where: str, number: int) -> HistoryRow:
@@ -301,4 +349,4 @@ def parse_history(document: dict[str, Any], where: str, number: int) -> HistoryR
         raise ExportError(f"{where}:{number}: day {day} is not a UTC day from 2000-01-01 to 9999-12-31")
     downloads = _integral(document.get("downloads"), "downloads", where, number)
     installs = _integral(document.get("installs"), "installs", where, number)
-    return HistoryRow(doc_id, created, skill_id, day, downloads, installs)
+    return HistoryRow(doc_id, created, skill_id, day, downloads, installs, number)

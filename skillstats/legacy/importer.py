@@ -35,11 +35,11 @@ from sqlalchemy.exc import DBAPIError
 
 from skillstats.contract import StatEvent
 from skillstats.legacy.export import Export, HistoryRow, LegacyEvent, Progress
-from skillstats.legacy.plan import HISTORY, SKILLS, WINDOWS, Plan, chunked, make_plan, owed
+from skillstats.legacy.plan import HISTORY, SKILLS, WINDOWS, LegacyRefusal, Plan, chunked, make_plan, owed
 from skillstats.retry import Backoff
 from skillstats.sinks.docstats import DocStatsSink, PartitionDeltas
 from skillstats.sinks.recovery import describe, is_data_error
-from skillstats.sinks.schema import legacy_manifest, skill_daily_stats
+from skillstats.sinks.schema import legacy_exports, legacy_manifest, skill_daily_stats
 from skillstats.sinks.upserts import now_utc_naive, upsert_adding
 from skillstats.sinks.windows import WindowsSink
 
@@ -51,8 +51,7 @@ ATTEMPTS: Final = 6  # per chunk, on a database error that is not about the data
 _EPOCH_DAY = date(1970, 1, 1)
 
 
-class LegacyRefusal(Exception):
-    """An operator's decision is needed before this import may write (exit 2); nothing was written."""
+__all__ = ["CONFIRM_TOKEN", "DatabaseAway", "Importer", "LegacyRefusal", "Outcome"]
 
 
 class DatabaseAway(Exception):
@@ -116,7 +115,9 @@ class Importer:
     def plan(self, export: Export, *, history: bool, progress: Progress | None = None) -> Plan:
         return make_plan(export, self.engine, history=history, progress=progress)
 
-    def check(self, plan: Plan, *, allow_older_rows: bool, allow_empty_registry: bool) -> None:
+    def check(
+        self, plan: Plan, *, allow_older_rows: bool, allow_empty_registry: bool, allow_unknown_skills: bool = False
+    ) -> None:
         """Refuse (LegacyRefusal) what needs an operator's decision, before any write."""
         if plan.older_unseen and not allow_older_rows:
             raise LegacyRefusal(
@@ -131,6 +132,12 @@ class Importer:
                 f"the `skills` table has no rows: the {plan.targets[SKILLS].to_apply:,} event(s) owed to the skill "
                 f"totals would all be skipped for good (the rule for deleted skills). Create the registry's rows "
                 f"first (with the old totals), or pass --allow-empty-registry. Nothing was written"
+            )
+        if plan.unknown_skills and not allow_unknown_skills and not allow_empty_registry:
+            raise LegacyRefusal(
+                f"{plan.unknown_skills:,} event(s) owed to the skill totals are for skills with no row in `skills`: "
+                f"they would be skipped for good (the rule for deleted skills). Create the missing rows first, or "
+                f"pass --allow-unknown-skills (a deleted skill's events). Nothing was written"
             )
 
     def run(self, export: Export, plan: Plan, *, history: bool, progress: Progress | None = None) -> Outcome:
@@ -204,8 +211,31 @@ class Importer:
         )
         return set(connection.execute(statement, values).scalars())
 
+    def _record(self, connection: Connection, plan: Plan, *, history: bool) -> None:
+        """The export's marks (skillstats_legacy_exports), in the chunk's transaction: recorded once any of its
+        counts are, so a later export whose marks moved is refused (plan.py, `_Marks`). `history`: its
+        history rows are being imported; their bound is recorded with them."""
+        insert = (postgresql if connection.dialect.name == "postgresql" else sqlite).insert(legacy_exports)
+        statement = insert.values(
+            export_bound=plan.bound,
+            cursor_creation_time=plan.cursor,
+            history_bound=plan.history_bound if history else None,
+            recorded_at=now_utc_naive(),
+        )
+        if history:
+            connection.execute(
+                statement.on_conflict_do_update(
+                    index_elements=["export_bound"],
+                    set_={"history_bound": statement.excluded.history_bound},
+                    where=legacy_exports.c.history_bound.is_(None),
+                )
+            )
+        else:
+            connection.execute(statement.on_conflict_do_nothing(index_elements=["export_bound"]))
+
     def _apply_events(self, connection: Connection, chunk: Sequence[LegacyEvent], plan: Plan) -> Outcome:
         step = Outcome()
+        self._record(connection, plan, history=False)
         windows_rows: list[tuple[str, float]] = []
         skills_rows: list[tuple[str, float]] = []
         for event in chunk:
@@ -238,6 +268,7 @@ class Importer:
 
     def _apply_history(self, connection: Connection, rows: Sequence[HistoryRow], plan: Plan) -> Outcome:
         step = Outcome()
+        self._record(connection, plan, history=True)
         new = self._claim(connection, HISTORY, [(row.id, row.created) for row in rows], plan.bound)
         per_day: dict[tuple[str, date], list[int]] = {}
         taken = 0

@@ -17,8 +17,15 @@ another deployment (a copy, a restore under new ids) look new. A later export of
 only adds rows created after the earlier export was taken, so a row not yet applied but created at or
 before the newest `_creationTime` of an earlier imported export (`older_unseen`) is the sign of that
 (or of an earlier import cut off and never rerun): the plan shows it and `import` refuses it unless
-told. What it costs: one pass over the export (validating every line), and per 5,000 owed events
-one indexed manifest read per target.
+told (history rows are judged against the history bound of an earlier import with --history).
+
+The old crons must not run between two imported exports: each import records its export's cursor
+and bound (`skillstats_legacy_exports`), and a later export whose cursor differs, or with a row
+created after the first imported export that is processed or at or below the cursor, is refused
+(`_Marks`, LegacyRefusal). A duplicate `_id` in a table is refused (export.Duplicates); plan counts
+events still owed to `skills` whose skill has no row (`unknown_skills`). What it costs: one pass over
+the export (validating every line), and per 5,000 owed events one indexed manifest read per target
+and one `skills` read.
 """
 
 from __future__ import annotations
@@ -31,8 +38,8 @@ from typing import Any, Final, TypeVar
 
 from sqlalchemy import Engine, select
 
-from skillstats.legacy.export import DAILY, EVENTS, Export, LegacyEvent, Progress
-from skillstats.sinks.schema import legacy_manifest
+from skillstats.legacy.export import DAILY, EVENTS, Duplicates, Export, LegacyEvent, Progress
+from skillstats.sinks.schema import legacy_exports, legacy_manifest, skills
 
 WINDOWS: Final = "windows"
 SKILLS: Final = "skills"
@@ -50,6 +57,19 @@ RULES: Final = {
 LOOKUP_CHUNK: Final = 5000
 
 T = TypeVar("T")
+
+
+class LegacyRefusal(Exception):
+    """An operator's decision is needed before this import may write (exit 2); nothing was written."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """An export an earlier import applied (skillstats_legacy_exports): the marks it carried."""
+
+    bound: float
+    cursor: float | None
+    history_bound: float | None
 
 
 def owed(event: LegacyEvent, cursor: float | None) -> tuple[bool, bool]:
@@ -76,6 +96,7 @@ class Target:
     owed: int = 0
     applied: int = 0  # in the manifest already
     older_unseen: int = 0  # not in it, yet created before an earlier imported export's newest row
+    earlier_bound: float | None = None  # that bound (history rows: the newest history row imported before)
     # per earlier export bound: owed rows not in the manifest created at or before it (see older_unseen)
     _unseen_by_bound: dict[float, int] = field(default_factory=dict, repr=False)
 
@@ -100,7 +121,9 @@ class Plan:
     events: int = 0
     cursor: float | None = None
     bound: float = 0.0  # the newest `_creationTime` among the export's events
+    history_bound: float | None = None  # the newest among its skillDailyStats rows (read with --history)
     earlier_bound: float | None = None  # the newest of an earlier imported export (another one than this)
+    unknown_skills: int | None = None  # events still to apply to `skills` whose skill has no row (None: no database)
     unprocessed: int = 0
     processed_recent: int = 0
     targets: dict[str, Target] = field(default_factory=dict)
@@ -119,7 +142,9 @@ class Plan:
             "events": self.events,
             "cursor_creation_time": self.cursor,
             "export_bound": self.bound,
+            "history_bound": self.history_bound,
             "earlier_export_bound": self.earlier_bound,
+            "unknown_skill_events": self.unknown_skills,
             "survivors": {
                 "unprocessed": self.unprocessed,
                 "processedRecent": self.processed_recent,
@@ -155,14 +180,21 @@ class Plan:
         if HISTORY not in self.targets:
             lines.append(f"  (history: the old {DAILY} rows are added only with --history)")
         lines.append("  hourly history is not in the export: skill_hourly_stats gets the owed events only")
-        if self.older_unseen:
+        if self.unknown_skills:
             lines.append(
-                f"WARNING: {self.older_unseen:,} owed row(s) are not in the manifest yet were created before the "
-                f"newest row of an earlier imported export (_creationTime {self.earlier_bound:.3f}): an export of "
-                f"another deployment (the same events under other _ids, which the manifest cannot recognise: "
-                f"they would count twice), or an import of an earlier export cut off and never run again. "
-                f"`legacy import` refuses them unless --allow-older-rows"
+                f"WARNING: {self.unknown_skills:,} event(s) to apply to the skill totals are for skills with no row "
+                f"in `skills`: they would be skipped for good (the rule for deleted skills). Create the missing rows "
+                f"first; `legacy import` refuses them unless --allow-unknown-skills"
             )
+        for name, target in self.targets.items():
+            if target.older_unseen:
+                lines.append(
+                    f"WARNING: {target.older_unseen:,} {name} row(s) are not in the manifest yet were created before "
+                    f"the newest such row of an earlier imported export (_creationTime {target.earlier_bound:.3f}): "
+                    f"an export of another deployment (the same rows under other _ids, which the manifest cannot "
+                    f"recognise: they would count twice), or an import of an earlier export cut off and never run "
+                    f"again. `legacy import` refuses them unless --allow-older-rows"
+                )
         return "\n".join(lines)
 
 
@@ -171,28 +203,49 @@ def _iso(ms: float) -> str:
 
 
 class _Manifest:
-    """Which of some owed documents an earlier import applied (one indexed read per target and chunk)."""
+    """What earlier imports applied: which of some owed documents (one indexed read per target and chunk), and
+    the marks of the exports they came from."""
 
     def __init__(self, engine: Engine | None) -> None:
         self.engine = engine
-        self.bounds: list[float] = []
+        self.recorded: list[Recorded] = []
         if engine is not None:
             with engine.connect() as connection:
-                self.bounds = sorted(
-                    b for (b,) in connection.execute(select(legacy_manifest.c.export_bound).distinct())
-                )
+                self.recorded = [
+                    Recorded(*row)
+                    for row in connection.execute(
+                        select(
+                            legacy_exports.c.export_bound,
+                            legacy_exports.c.cursor_creation_time,
+                            legacy_exports.c.history_bound,
+                        ).order_by(legacy_exports.c.export_bound)
+                    )
+                ]
 
-    def count(self, target: Target, owed: Sequence[tuple[str, float]]) -> None:
+    def count(self, target: Target, owed: Sequence[tuple[str, float]], bounds: Sequence[float]) -> set[str]:
+        """Count `owed` (id, _creationTime) into `target`; the ids an earlier import applied. Per earlier
+        export bound in `bounds`, the rows not applied yet created at or before it (see `_settle`)."""
         target.owed += len(owed)
         if not owed:
-            return
+            return set()
         seen: set[str] = set()
         if self.engine is not None:
             seen = applied(self.engine, target.name, [doc_id for doc_id, _created in owed])
-        target.applied += len(seen)
-        for bound in self.bounds:
-            older = sum(1 for doc_id, created in owed if created <= bound and doc_id not in seen)
-            target._unseen_by_bound[bound] = target._unseen_by_bound.get(bound, 0) + older
+        target.applied += sum(1 for doc_id, _created in owed if doc_id in seen)
+        for earlier in bounds:
+            older = sum(1 for doc_id, created in owed if created <= earlier and doc_id not in seen)
+            target._unseen_by_bound[earlier] = target._unseen_by_bound.get(earlier, 0) + older
+        return seen
+
+    def unknown_skills(self, skill_ids: Sequence[str]) -> int:
+        """How many of `skill_ids` (one per event, repeats counted) have no row in `skills`: one IN read."""
+        if self.engine is None or not skill_ids:
+            return 0
+        with self.engine.connect() as connection:
+            known = set(
+                connection.execute(select(skills.c.id).where(skills.c.id.in_(sorted(set(skill_ids))))).scalars()
+            )
+        return sum(1 for skill in skill_ids if skill not in known)
 
 
 def applied(engine: Engine, target: str, ids: Sequence[str]) -> set[str]:
@@ -221,41 +274,126 @@ def make_plan(
 ) -> Plan:
     """Read the whole export (validating every line: ExportError before anything is written) and count.
 
-    With `engine`, also what the manifest says an earlier import applied; without, the plan
-    says what a first import would do."""
+    With `engine`, also what the manifest says an earlier import applied, and LegacyRefusal when the old
+    system's marks moved since an earlier imported export (`check_marks`); without, the plan says what
+    a first import would do."""
     cursor = export.cursor()
     plan = Plan(export=export.name, cursor=cursor)
     manifest = _Manifest(engine)
-    windows, skills = Target(WINDOWS), Target(SKILLS)
-    plan.targets = {WINDOWS: windows, SKILLS: skills}
+    if engine is not None:
+        plan.unknown_skills = 0
+    marks = _Marks(export, cursor, manifest.recorded)
+    windows, skills_target = Target(WINDOWS), Target(SKILLS)
+    plan.targets = {WINDOWS: windows, SKILLS: skills_target}
+    # Which earlier export a row is judged against (older_unseen): the newest recorded one older than this
+    # export; this export's own bound is only known at the end, so the newest one below each row is kept.
+    bounds = [r.bound for r in manifest.recorded]
     bound = 0.0
-    for chunk in chunked(export.events(progress), LOOKUP_CHUNK):
-        to_windows: list[tuple[str, float]] = []
-        to_skills: list[tuple[str, float]] = []
-        for event in chunk:
-            if on_event is not None:
-                on_event(event)
-            bound = max(bound, event.created)
-            in_windows, in_skills = owed(event, cursor)
-            if in_windows:
-                to_windows.append((event.id, event.created))
-            if in_skills:
-                to_skills.append((event.id, event.created))
-                plan.unprocessed += 1
-            elif cursor is not None and event.created > cursor:
-                plan.processed_recent += 1
-        plan.events += len(chunk)
-        manifest.count(windows, to_windows)
-        manifest.count(skills, to_skills)
+    duplicates = Duplicates(export.where(EVENTS))
+    try:
+        for chunk in chunked(export.events(progress), LOOKUP_CHUNK):
+            duplicates.check([(event.id, event.line) for event in chunk])
+            to_windows: list[tuple[str, float]] = []
+            to_skills: list[LegacyEvent] = []
+            for event in chunk:
+                if on_event is not None:
+                    on_event(event)
+                marks.check(event)
+                bound = max(bound, event.created)
+                in_windows, in_skills = owed(event, cursor)
+                if in_windows:
+                    to_windows.append((event.id, event.created))
+                if in_skills:
+                    to_skills.append(event)
+                    plan.unprocessed += 1
+                elif cursor is not None and event.created > cursor:
+                    plan.processed_recent += 1
+            plan.events += len(chunk)
+            manifest.count(windows, to_windows, bounds)
+            seen = manifest.count(skills_target, [(e.id, e.created) for e in to_skills], bounds)
+            if plan.unknown_skills is not None:
+                plan.unknown_skills += manifest.unknown_skills(
+                    [e.event.skill_id for e in to_skills if e.id not in seen]
+                )
+    finally:
+        duplicates.close()
+    plan.bound = bound
     if history:
         rows = Target(HISTORY)
         plan.targets[HISTORY] = rows
-        for chunk in chunked(export.history(), LOOKUP_CHUNK):
-            manifest.count(rows, [(row.id, row.created) for row in chunk])
-    plan.bound = bound
-    earlier = [b for b in manifest.bounds if b != bound]
-    if earlier:
-        plan.earlier_bound = max(earlier)
-        for target in plan.targets.values():
-            target.older_unseen = target._unseen_by_bound.get(plan.earlier_bound, 0)
+        history_bounds = [r.history_bound for r in manifest.recorded if r.history_bound is not None]
+        newest: float | None = None
+        duplicates = Duplicates(export.where(DAILY))
+        try:
+            for chunk in chunked(export.history(), LOOKUP_CHUNK):
+                duplicates.check([(row.id, row.line) for row in chunk])
+                for row in chunk:
+                    newest = row.created if newest is None else max(newest, row.created)
+                manifest.count(rows, [(row.id, row.created) for row in chunk], history_bounds)
+        finally:
+            duplicates.close()
+        plan.history_bound = newest
+    _settle(plan, bounds)
     return plan
+
+
+# The older_unseen figures, per target: owed rows not applied are counted against each recorded bound
+# during the pass (a handful of recorded exports); the one kept is the newest bound that is not this
+# export's own (a rerun of the same export is no "earlier" one). History rows are judged against the
+# history bounds of the exports imported with --history, not the events' bounds: their `_creationTime`
+# says when the daily row was created, and an export first imported without --history holds no
+# history rows in the manifest.
+
+
+def _settle(plan: Plan, bounds: list[float]) -> None:
+    for name, target in plan.targets.items():
+        own = plan.history_bound if name == HISTORY else plan.bound
+        per_bound = target._unseen_by_bound
+        earlier = [b for b in per_bound if b != own]
+        if earlier:
+            target.earlier_bound = max(earlier)
+            target.older_unseen = per_bound[target.earlier_bound]
+    event_bounds = [b for b in bounds if b != plan.bound]
+    plan.earlier_bound = max(event_bounds) if event_bounds else None
+
+
+class _Marks:
+    """Refuses (LegacyRefusal) an export whose old-system marks moved since an earlier imported one.
+
+    With the crons stopped, a later export of the same deployment carries the same daily cursor, and
+    every row created after an earlier export was taken (after its newest event, `bound`) is
+    unprocessed and above that cursor. A cursor that differs, or a new row processed or at or below
+    it, means the old crons ran in between (a stopped cron's already scheduled continuation, or crons
+    never stopped): the old daily rows then hold events imported already (counted twice with
+    --history) and the new rows they processed are owed to no target (lost). Nothing is kept per row:
+    one comparison each."""
+
+    def __init__(self, export: Export, cursor: float | None, recorded: list[Recorded]) -> None:
+        self.where = export.where(EVENTS)
+        self.cursor = cursor
+        self.first = min((r.bound for r in recorded), default=None)
+        moved = [r for r in recorded if r.cursor != cursor]
+        if moved:
+            raise LegacyRefusal(
+                f"{export.name}: the daily cursor is {_show_ms(cursor)}, but an earlier imported export (newest "
+                f"event {moved[0].bound:.3f}) had {_show_ms(moved[0].cursor)}: the old crons ran in between, and "
+                f"this export would count daily history twice and miss the rows they processed. Stop the crons "
+                f"(no scheduled processSkillStatEvents* runs pending) and see docs/operations.md, 'Cut-over from "
+                f"the legacy system'. Nothing was written"
+            )
+
+    def check(self, event: LegacyEvent) -> None:
+        if self.first is None or event.created <= self.first:
+            return
+        if event.processed or (self.cursor is not None and event.created <= self.cursor):
+            why = "has processedAt" if event.processed else "is at or below the daily cursor"
+            raise LegacyRefusal(
+                f"{self.where}:{event.line}: _id {event.id!r} was created after the first imported export was "
+                f"taken (its newest event: {self.first:.3f}) yet {why}: the old crons ran since, and the rows they "
+                f"processed would be owed to no target. Stop the crons (no scheduled processSkillStatEvents* runs "
+                f"pending) and see docs/operations.md, 'Cut-over from the legacy system'. Nothing was written"
+            )
+
+
+def _show_ms(value: float | None) -> str:
+    return "never set" if value is None else f"{value:.3f}"

@@ -5,6 +5,10 @@ transaction that adds its counts (skillstats/legacy/importer.py): an export impo
 rerun, or followed by a later export holding more rows, applies each document to each target once. It
 grows by one row per imported event and target (about 100 bytes each), for good: the rows are the proof.
 
+`skillstats_legacy_exports`: one row per imported export (its newest event `_creationTime`), the old
+daily cursor it carried and its history bound, written in the same transactions: a later export whose
+marks moved (the old crons ran in between) is refused by `plan` and `import`.
+
 Revision ID: 0009
 Revises: 0008
 Create Date: 2026-12-03
@@ -30,7 +34,15 @@ def upgrade() -> None:
         sa.Column("export_bound", sa.Double, nullable=False),
         sa.Column("imported_at", sa.DateTime, nullable=False),
     )
+    op.create_table(
+        "skillstats_legacy_exports",
+        sa.Column("export_bound", sa.Double, primary_key=True),
+        sa.Column("cursor_creation_time", sa.Double, nullable=True),
+        sa.Column("history_bound", sa.Double, nullable=True),
+        sa.Column("recorded_at", sa.DateTime, nullable=False),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("skillstats_legacy_exports")
     op.drop_table("skillstats_legacy_manifest")
