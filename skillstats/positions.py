@@ -30,6 +30,8 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 
+from confluent_kafka import KafkaException
+
 from skillstats.config import FIRST_ANSWER_S, Settings
 from skillstats.kafka import TOPIC_SETTLE_S, TopicIds, commit_metadata, partition_count, watermarks
 from skillstats.metrics import records_lost
@@ -65,6 +67,7 @@ class Positions:
         self.topic_ids = TopicIds(settings, timeout)
         self.owner: Owner | None = None  # once claimed
         self.mark = ""  # once claimed: the metadata of this group's Kafka commits, this database's mark
+        self._mark_check_skipped = False  # the last claim could not read the group's commits (said once)
 
     def claim(self) -> Owner:
         """Claim the role for this group and topic (IdentityMismatch: another's; TopicMissing: no such topic).
@@ -103,8 +106,31 @@ class Positions:
         assignment; two that start at once both refuse at their next check, once
         each has committed. Commits without a mark (older versions, an admin tool)
         say nothing.
+
+        The commits are read from the group's coordinator, which may be moving (its
+        broker just died): then the check is said undone, once, and made again at the
+        next claim (every 10 s in the windows worker, every drain in docsync), rather
+        than stopping a consumer that needs no coordinator to count exactly (the
+        fences are its position) on a guard against a misconfiguration. A newcomer
+        cannot join a group whose coordinator is away either.
         """
-        committed = commit_metadata(self.settings, self.fences.group_id, self.fences.topic, partitions, self.timeout)
+        try:
+            committed = commit_metadata(
+                self.settings, self.fences.group_id, self.fences.topic, partitions, self.timeout
+            )
+        except (KafkaException, TimeoutError) as exc:
+            if not self._mark_check_skipped:
+                log.warning(
+                    "could not read group %s's Kafka commits to check which database counts it (%s); checking "
+                    "again at the next claim",
+                    self.fences.group_id,
+                    exc,
+                )
+            self._mark_check_skipped = True
+            return
+        if self._mark_check_skipped:
+            log.info("group %s's Kafka commits read again: the database check is made", self.fences.group_id)
+            self._mark_check_skipped = False
         theirs = other_databases(mark, committed)
         if theirs:
             raise IdentityMismatch(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -269,3 +271,36 @@ def test_commits_of_both_clients_carry_the_mark_readably(settings: Settings) -> 
     for _ in range(50):  # the over-read was intermittent: read often
         read = commit_metadata(settings, settings.windows_group, settings.topic)
         assert {p: m.split("\0", 1)[0] for p, m in read.items()} == {p: mark for p in range(12)}
+
+
+def test_a_coordinator_away_leaves_the_database_check_for_the_next_claim(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The group's commits come from its coordinator, which moves when its broker dies: a docsync drain then must
+    not fail on the guard (the fault suite's drain with the coordinator killed did). Said once; another
+    database's mark, once readable, still refuses."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from skillstats import positions
+    from skillstats.sinks.fences import PartitionFences
+    from skillstats.sinks.identity import MARK_PREFIX
+
+    answers: list[Any] = [KafkaException(KafkaError(KafkaError._TIMED_OUT))] * 2 + [{0: MARK_PREFIX + "f" * 32}]
+
+    def commits(*_args: Any) -> dict[int, str]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(positions, "commit_metadata", commits)
+    fences = PartitionFences.__new__(PartitionFences)
+    fences.group_id, fences.topic = "g", "t"
+    checker = positions.Positions(Settings(kafka_bootstrap="127.0.0.1:1"), WINDOWS, fences)
+    mine = MARK_PREFIX + "0" * 32
+    with caplog.at_level(logging.WARNING, logger="skillstats.positions"):
+        checker._check_group_database(12, mine)
+        checker._check_group_database(12, mine)
+    assert sum("could not read group g's Kafka commits" in r.getMessage() for r in caplog.records) == 1
+    with pytest.raises(IdentityMismatch, match="counted by another database"):
+        checker._check_group_database(12, mine)
