@@ -32,15 +32,9 @@ from skillstats.kafka import end_offsets, ensure_topics
 from skillstats.publisher import Publisher
 from skillstats.workload import generate
 
+from .measure import free_port
+
 TOKEN = "bench-token"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _ready(url: str, process: subprocess.Popen[bytes], timeout: float = 90) -> None:
@@ -93,7 +87,7 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="skillstats-bench-ingest-") as scratch:
         tokens = Path(scratch) / "tokens"
         tokens.write_text(TOKEN + "\n")
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         server = subprocess.Popen(
             [

@@ -40,8 +40,14 @@ from skillstats.sinks.schema import consumers, partition_fences
 
 WINDOWS, DOCSYNC = "windows", "docsync"
 ROLES = (WINDOWS, DOCSYNC)
+# A rebuild's group (skillstats/rebuild/): the windows worker writing a rebuild's shadow tables.
+REBUILD = "rebuild"
 TAKEOVER_TOKEN = "TAKE_OVER_FENCES"
-TABLES = {WINDOWS: "skill_daily_stats and skill_hourly_stats", DOCSYNC: "the skills stat columns and user_skill_stats"}
+TABLES = {
+    WINDOWS: "skill_daily_stats and skill_hourly_stats",
+    DOCSYNC: "the skills stat columns and user_skill_stats",
+    REBUILD: "rebuild's shadow tables (skill_daily_stats_rebuild and skill_hourly_stats_rebuild)",
+}
 
 
 @dataclass(frozen=True, slots=True)

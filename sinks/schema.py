@@ -177,7 +177,8 @@ ingest_requests = Table(
 # its counts, so an export imported again (whole, cut off and rerun, or a later one holding more
 # rows) applies each document to each target once. `target`: `windows` (hourly and daily rows of an
 # event above the old daily cursor), `skills` (skill and owner totals of an event the old doc sync
-# had not applied), `history` (a `skillDailyStats` row added to skill_daily_stats). `created_ms` is
+# had not applied), `history` (a `skillDailyStats` row added to skill_daily_stats), `skipped` (a
+# document outside the contract's ranges, counted nowhere: --skip-out-of-contract). `created_ms` is
 # the document's `_creationTime`; `export_bound` the newest `_creationTime` of the export it came
 # from, which lets a plan see rows of another deployment's export the ids cannot (docs/operations.md).
 legacy_manifest = Table(
@@ -203,4 +204,48 @@ legacy_exports = Table(
     Column("cursor_creation_time", Double, nullable=True),
     Column("history_bound", Double, nullable=True),
     Column("recorded_at", DateTime, nullable=False),
+)
+
+# One row per `skillstats rebuild` (skillstats/rebuild/): the windows tables recomputed from the log beside the
+# live ones under a group of its own (role `rebuild`), then swapped in. `owns_from`: the first UTC day it
+# recomputes (NULL: every day); earlier days, and days in skillstats_imported_days, are carried over from the live
+# tables. `starts`: JSON, partition -> the offset its read starts at. `state`: building | live (swapped in) |
+# previous (put aside by a later swap or a rollback) | dropped. `swap_fences`: JSON, the live group's fences at
+# the swap (the position both generations were brought to).
+rebuilds = Table(
+    "skillstats_rebuilds",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("group_id", Text, nullable=False, unique=True),
+    Column("topic", Text, nullable=False),
+    Column("topic_id", Text, nullable=True),
+    Column("owns_from", Date, nullable=True),
+    Column("starts", Text, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("started_at", DateTime, nullable=False),
+    Column("swapped_at", DateTime, nullable=True),
+    Column("swap_fences", Text, nullable=True),
+    Column("note", Text, nullable=True),
+    # JSON list of [partition, offset]: the live group's refused records the swap made counted (their
+    # skillstats_rejected_records rows were deleted; a rollback puts them back).
+    Column("unrejected", Text, nullable=True),
+)
+
+# Per rebuild, the records of the topic the live group had parked in the DLQ when the rebuild started: counted
+# nowhere by the rebuild, as the live group counted them nowhere (a replay publishes a copy both groups count).
+rebuild_skips = Table(
+    "skillstats_rebuild_skips",
+    metadata,
+    Column("rebuild_id", Integer, primary_key=True),
+    Column("partition", Integer, primary_key=True),
+    Column("offset", BigInteger, primary_key=True),
+)
+
+# Every UTC day `skillstats legacy import` added counts to in skill_daily_stats or skill_hourly_stats: counts that
+# are not in the log, so a rebuild carries these days over instead of recomputing them.
+imported_days = Table(
+    "skillstats_imported_days",
+    metadata,
+    Column("day", Date, primary_key=True),
+    Column("imported_at", DateTime, nullable=False),
 )

@@ -273,6 +273,9 @@ class ReplayPlan:
     roots: dict[Root, ParkedRecord] = field(default_factory=dict)  # root -> parcel to publish or apply
     numbers: dict[Root, int] = field(default_factory=dict)  # root -> this replay's number
     direct: list[Root] = field(default_factory=list)  # roots applied to the windows tables, not published
+    # Direct roots recorded as skipped when planned: each row must still be there when they are added (a rebuild
+    # swapped in since may have counted the record and dropped the row: skillstats/rebuild/generations.py).
+    proven: set[Root] = field(default_factory=set)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (root as text, why)
 
 
@@ -399,6 +402,8 @@ def plan_replay(
         plan.numbers[root] = book.next_number(root)
         if direct:
             plan.direct.append(root)
+            if root in book.refused:
+                plan.proven.add(root)
         else:
             plan.publish.append(record)
     return plan
@@ -550,6 +555,19 @@ def replay_rows(engine: Any, topic: str) -> list[ReplayRow]:
             # Rows from before revision 0005 name no topic.
             rows.append(ReplayRow((source_topic or topic, partition, offset), number, dlq_partition, dlq_offset, copy))
         return rows
+
+
+def _still_refused(connection: Any, roots: set[Root]) -> set[Root]:
+    """Inside the replay's transaction: which of `roots` still have their skillstats_rejected_records row."""
+    if not roots:
+        return set()
+    partitions = {p for _t, p, _o in roots}
+    found = connection.execute(
+        select(rejected_records.c.topic, rejected_records.c.partition, rejected_records.c.offset)
+        .where(rejected_records.c.partition.in_(partitions))
+        .with_for_update()
+    )
+    return {(t, p, o) for t, p, o in found} & roots
 
 
 def replay_book(engine: Any, topic: str, ledger: Sequence[LedgerEntry] = (), topic_id: str | None = None) -> ReplayBook:
@@ -833,6 +851,13 @@ def replay(
                 connection.execute(insert(dlq_replays), [row(root) for root in plan.direct])
             except IntegrityError:
                 raise ReplayRefused(concurrent) from None
+            gone = plan.proven - _still_refused(connection, plan.proven)
+            if gone:
+                raise ReplayRefused(
+                    f"{len(gone)} of these record(s) are no longer recorded as skipped by the windows group (a "
+                    f"rebuild swapped in since the plan counts them): adding them would count them twice; nothing "
+                    f"was added"
+                )
             try:
                 sink.write(connection, sink.fold([e for e in events if isinstance(e, StatEvent)]), now)
             except Exception as exc:

@@ -68,11 +68,14 @@ from skillstats.dlq import DeadLetters
 from skillstats.kafka import KafkaUnreachable, TopicMissing
 from skillstats.metrics import METRICS_HOST, PipelineMetrics, Probes, serve, watch_kafka
 from skillstats.positions import Positions
+from skillstats.rebuild.state import Rebuild
+from skillstats.rebuild.worker import NotParked
 from skillstats.retry import Backoff, Outage
 from skillstats.shutdown import DEFAULT_BUDGET_S, ShutdownWatchdog, batch_budget
 from skillstats.sinks.fences import FenceAheadOfLog
-from skillstats.sinks.identity import WINDOWS, IdentityMismatch, Owner, commit_metadata_for
+from skillstats.sinks.identity import REBUILD, WINDOWS, IdentityMismatch, Owner, commit_metadata_for
 from skillstats.sinks.pipeline import BatchSink, Chunk, Ownership, WindowsPipeline
+from skillstats.sinks.rebuild import RebuildSink
 from skillstats.sinks.recovery import describe
 from skillstats.sinks.windows import WindowsSink
 from skillstats.startup import Starting, wait_for_dependencies
@@ -771,11 +774,14 @@ def build_app(
     engine: Engine | None = None,
     owner: Owner | None = None,
     kafka: KafkaReach | None = None,
+    rebuild: Rebuild | None = None,
 ) -> WindowsApp:
     """The worker; `engine` and `owner` (the role claimed) as start-up found them (made here, and claimed at the
-    first assignment, when not given); `kafka`, the reach its log filter reports to (run's)."""
+    first assignment, when not given); `kafka`, the reach its log filter reports to (run's); `rebuild`, the rebuild
+    whose shadow tables it fills under the rebuild's own group (skillstats/rebuild/), instead of the live tables."""
+    group = settings.windows_group if rebuild is None else rebuild.group_id
     app = WindowsApp(
-        settings.windows_group,
+        group,
         broker=f"kafka://{settings.kafka_bootstrap}",
         key_serializer="raw",
         value_serializer="raw",
@@ -801,7 +807,7 @@ def build_app(
     app.shutdown_watchdog = ShutdownWatchdog("windows", shutdown_budget)
     app.heartbeat = time.monotonic()
     app.kafka = kafka or KafkaReach(settings.kafka_bootstrap)
-    watch_kafka(settings.windows_group, app.kafka)
+    watch_kafka(group, app.kafka)
     # Registered with faust's conductor so the consumer subscribes to it; no agent
     # iterates it, the batch drain above reads it.
     app.topics.add(app.topic(settings.topic, key_type=bytes, value_type=bytes))
@@ -811,11 +817,17 @@ def build_app(
 
         engine = open_engine(settings.database_url)
         require_current(engine)
-    sink = WindowsSink(engine, settings.windows_group, settings.topic)
-    positions = Positions(settings, WINDOWS, sink)
+    if rebuild is None:
+        sink: WindowsSink = WindowsSink(engine, group, settings.topic)
+        positions = Positions(settings, WINDOWS, sink)
+        dead_letters: DeadLetters | NotParked = DeadLetters(settings, group)
+    else:
+        sink = RebuildSink(engine, group, settings.topic, rebuild.id, rebuild.owned(engine))
+        positions = Positions(settings, REBUILD, sink)
+        dead_letters = NotParked()
     positions.owner = sink.owner = owner
     app.ownership = Ownership()
-    pipeline = WindowsPipeline(sink, DeadLetters(settings, settings.windows_group), positions, app.ownership)
+    pipeline = WindowsPipeline(sink, dead_letters, positions, app.ownership)  # type: ignore[arg-type]
 
     async def commit(fences: dict[int, int]) -> bool:
         return await app.consumer.commit_fences(fences)  # type: ignore[attr-defined]
@@ -824,9 +836,14 @@ def build_app(
     app.reads = PartitionReads(app, positions, app.batch_sink, pipeline.metrics)
     app.batch_sink.on_behind = app.reads.on_behind
     app.start_message = (
-        f"skillstats windows: group {settings.windows_group} reads topic {settings.topic} from "
+        f"skillstats windows: group {group} reads topic {settings.topic} from "
         f"{settings.kafka_bootstrap} and writes daily and hourly counts to {redact_url(settings.database_url)}"
     )
+    if rebuild is not None:
+        app.start_message += (
+            f": rebuild {rebuild.id}, into {' and '.join(sink.tables[i].name for i in (1, 0))}, "
+            f"{sink.owned.describe()}"  # type: ignore[attr-defined]
+        )
 
     @app.on_partitions_revoked.connect
     async def settle_on_revoke(_app: Any, revoked: set[TP], **_: Any) -> None:
@@ -936,7 +953,8 @@ def run(
     metrics_port: int = 0,
     **options: Any,
 ) -> None:
-    """Run the worker until SIGTERM/SIGINT (never returns; exits the process); metrics_port 0: none.
+    """Run the worker until SIGTERM/SIGINT (never returns; exits the process); metrics_port 0: none; with
+    `rebuild` (in `options`), that rebuild's worker.
 
     Until Kafka and the database answer, it waits (capped backoff, a line per
     attempt) with /healthz 200 and /readyz 503; a setting that cannot work (no
@@ -950,7 +968,9 @@ def run(
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        ready = wait_for_dependencies(settings, WINDOWS, settings.windows_group, starting, stop)
+        rebuild = options.get("rebuild")
+        role, group = (WINDOWS, settings.windows_group) if rebuild is None else (REBUILD, rebuild.group_id)
+        ready = wait_for_dependencies(settings, role, group, starting, stop)
     except REFUSALS as exc:
         print(f"skillstats windows: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -5,13 +5,18 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from skillstats_bench.legacy_import import build_export, measure, render
 
 from skillstats.config import Settings
 from tests.conftest import settings_env
+from tests.helpers import actual_docstats, actual_windows, expected_docstats, expected_windows
+from tests.test_legacy import as_record, nonzero
 
 
+@pytest.mark.faults  # every case of the bench, about 100 s: in the longer suite
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_bench_smoke(settings: Settings, database_url: str, tmp_path: object) -> None:
     result = subprocess.run(
@@ -36,6 +41,8 @@ def test_bench_smoke(settings: Settings, database_url: str, tmp_path: object) ->
             "100",
             "--ingest-seconds",
             "2",
+            "--import-events",
+            "2000",
         ],
         env=settings_env(settings),
         capture_output=True,
@@ -76,10 +83,66 @@ def test_bench_smoke(settings: Settings, database_url: str, tmp_path: object) ->
         r"\| `skillstats ingest`, 1,000-event requests, 16 clients \| [\d,]+ \| \d+\.\d\d \|", result.stdout
     )
     assert re.search(r"accept latency \(due -> 202\) p50 [\d.]+ ms, p99 [\d.]+ ms; 0 not answered", result.stdout)
+    # Case j: the legacy import of a synthetic export, into a fresh database on each.
+    imports = table_rows(result.stdout, "| database |")
+    assert list(imports) == ["SQLite", "PostgreSQL"], result.stdout
+    for row in imports.values():
+        assert parse_number(row["events"]) == 2000 and parse_number(row["events/s"]) > 0, row
+        assert parse_number(row["peak RSS"].removesuffix(" MiB")) > 0, row
+
+
+def test_the_legacy_import_case_reports_every_event_and_the_tables_hold_them(database_url: str, tmp_path: Path) -> None:
+    """Case j on a small export: the figures it reports are of every event, and the tables hold each once."""
+    events = 2500
+    built = build_export(tmp_path, events, skills=120, seed=5)
+    report = render(built, measure({"the database": database_url}, built, tmp_path))
+    row = table_rows(report, "| database |")["the database"]
+
+    # What the export holds and owes, counted here from the model's documents, not from its figures.
+    created = list(built.deployment.created())
+    cursor = built.deployment.cursor
+    exported = [document for document, pruned in created if not pruned]
+    above = [document for document, _pruned in created if cursor is None or document["_creationTime"] > cursor]
+    unprocessed = [document for document in exported if "processedAt" not in document]
+    assert len(exported) == events and 0 < len(above) < events and 0 < len(unprocessed) < events
+    assert parse_number(row["events"]) == events
+    assert parse_number(row["windows applied"]) == len(above)
+    assert parse_number(row["skills applied"]) == len(unprocessed)
+    assert parse_number(row["history applied"]) == len(built.deployment.daily_rows) > 0
+    assert parse_number(row["manifest rows"]) == len(above) + len(unprocessed) + len(built.deployment.daily_rows)
+    assert parse_number(row["events/s"]) > 0 and parse_number(row["peak RSS"].removesuffix(" MiB")) > 0
+
+    # The tables: every event ever created (the pruned ones too) counted once, by tests/helpers.py's restatement.
+    records = [as_record(document) for document, _pruned in created]
+    daily, _ = expected_windows(records)
+    _, hourly = expected_windows([as_record(document) for document in above])
+    want_skills, want_owners, _unknown = expected_docstats(records, built.deployment.registry)
+    state = Settings(database_url=database_url)
+    got_daily, got_hourly = actual_windows(state)
+    got_skills, got_owners = actual_docstats(state)
+    assert nonzero(got_daily) == nonzero(daily)
+    assert nonzero(got_hourly) == nonzero(hourly)
+    assert got_skills == want_skills
+    assert nonzero(got_owners) == nonzero(want_owners)
 
 
 def parse_number(cell: str) -> float:
     return float(cell.replace(",", ""))
+
+
+def table_rows(report: str, header: str) -> dict[str, dict[str, str]]:
+    """first cell -> column -> cell, of the markdown table whose header line starts with `header`."""
+    rows: dict[str, dict[str, str]] = {}
+    columns: list[str] = []
+    for line in report.splitlines():
+        if line.startswith(header):
+            columns = [cell.strip() for cell in line.strip("|").split("|")]
+        elif columns and line.startswith("| ") and not line.startswith("|---"):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            rows[cells[0]] = dict(zip(columns, cells, strict=True))
+        elif columns and not line.startswith("|"):
+            columns = []
+    return rows
 
 
 def sections_by_workload(report: str) -> dict[str, dict[str, dict[str, str]]]:

@@ -186,6 +186,7 @@ def test_refused_credentials_fail_fast_and_say_so(secure: SecureKafka, database_
         assert time.monotonic() - started < 60, f"{name} ({how}) took {time.monotonic() - started:.0f}s"
 
 
+@pytest.mark.faults  # a whole run of every command over TLS and SASL: the longest here, in the fault suite
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_no_secret_in_anything_a_whole_run_prints(secure: SecureKafka, database_url: str, tmp_path: Path) -> None:
     database_url = database_url.replace("postgres@", f"postgres:{DATABASE_PASSWORD}@", 1)

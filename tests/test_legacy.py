@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import zipfile
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +22,16 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import func, insert, select
+from skillstats_bench.legacy_export import (
+    KINDS,
+    START,
+    cursor_documents,
+    listed_tables,
+    load_registry,
+    skill_deltas,
+    write_export,
+)
+from sqlalchemy import func, select
 
 from skillstats.cli import main
 from skillstats.config import Settings
@@ -33,27 +40,11 @@ from skillstats.legacy.importer import Importer
 from skillstats.legacy.plan import make_plan
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.migrate import upgrade
-from skillstats.sinks.schema import legacy_manifest, skills, user_skill_stats
-from skillstats.sinks.upserts import now_utc_naive
+from skillstats.sinks.schema import legacy_manifest
 from skillstats.workload import Record
 from tests.helpers import actual_docstats, actual_windows, expected_docstats, expected_windows, registry
 
 MS_HOUR = 3_600_000
-START = 1_764_460_800_000.0  # 2025-11-30T00:00Z
-KINDS = [
-    "download",
-    "download",
-    "download",
-    "install_new",
-    "install_new",
-    "install_reactivate",
-    "install_deactivate",
-    "install_clear",
-    "star",
-    "unstar",
-    "comment",
-    "uncomment",
-]
 
 
 @dataclass
@@ -140,88 +131,34 @@ class OldSystem:
         ]
 
     def export(self, where: Path, as_zip: bool) -> Path:
-        """What `npx convex export` writes: a folder per table, documents.jsonl in each."""
-        tables = {
-            "_tables": [
-                {"name": n, "id": i}
-                for i, n in enumerate(["skillStatEvents", "skillStatUpdateCursors", "skillDailyStats"], start=10001)
+        """What `npx convex export` writes: a folder per table, documents.jsonl in each (the shared writer)."""
+        ids = iter(self._id, None)
+        return write_export(
+            where,
+            [
+                ("_tables", listed_tables()),
+                ("skillStatEvents", self.events),
+                ("skillStatUpdateCursors", cursor_documents(self.cursor, ids, self.clock)),
+                ("skillDailyStats", [{**r, "downloads": float(r["downloads"])} for r in self.daily.values()]),
             ],
-            "skillStatEvents": self.events,
-            "skillStatUpdateCursors": [
-                {"_id": self._id(), "_creationTime": START, "key": "skill_doc_stat_sync", "updatedAt": START},
-                {
-                    "_id": self._id(),
-                    "_creationTime": START,
-                    "key": "skill_stat_events",
-                    "updatedAt": self.clock,
-                    **({} if self.cursor is None else {"cursorCreationTime": self.cursor}),
-                },
-            ],
-            "skillDailyStats": [{**r, "downloads": float(r["downloads"])} for r in self.daily.values()],
-        }
-        texts = {name: b"".join(orjson.dumps(d) + b"\n" for d in docs) for name, docs in tables.items()}
-        if as_zip:
-            path = where.with_suffix(".zip")
-            with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-                for name, text in texts.items():
-                    archive.writestr(f"{name}/documents.jsonl", text)
-            return path
-        for name, text in texts.items():
-            (where / name).mkdir(parents=True, exist_ok=True)
-            (where / name / "documents.jsonl").write_bytes(text)
-        return where
+            as_zip=as_zip,
+        )
 
     # ------------------------------------------------------------------ the move and what it must give
 
     def move_registry(self, url: str) -> None:
         """The registry's rows, with the old totals, and its owners' totals: what the old system had counted."""
         engine = open_engine(url)
-        owners: Counter[tuple[str, int]] = Counter()
-        with engine.begin() as connection:
-            rows = []
-            for skill, owner in self.registry.items():
-                d, a, c = self.totals.get(skill, [0, 0, 0])
-                rows.append(
-                    {"id": skill, "owner_id": owner, "downloads": d, "installs_all_time": a, "installs_current": c}
-                )
-                for column, amount in enumerate((d, a, c)):
-                    if owner is not None:
-                        owners[(owner, column)] += amount
-            connection.execute(insert(skills), rows)
-            names = sorted({o for o, _c in owners})
-            owner_rows = [
-                {
-                    "owner_id": o,
-                    "downloads": owners[(o, 0)],
-                    "installs_all_time": owners[(o, 1)],
-                    "installs_current": owners[(o, 2)],
-                    "updated_at": now_utc_naive(),
-                }
-                for o in names
-                if any(owners[(o, c)] for c in range(3))
-            ]
-            if owner_rows:
-                connection.execute(insert(user_skill_stats), owner_rows)
-        engine.dispose()
+        try:
+            load_registry(engine, self.registry, self.totals)
+        finally:
+            engine.dispose()
 
     def records(self) -> list[Record]:
         return [as_record(e) for e in self.ever]
 
     def above_cursor(self, cursor: float | None) -> list[Record]:
         return [as_record(e) for e in self.ever if cursor is None or e["_creationTime"] > cursor]
-
-
-def skill_deltas(event: dict[str, Any]) -> tuple[int, int, int]:
-    kind = event["kind"]
-    if kind == "install_clear":
-        delta = event.get("delta") or {"allTime": 0, "current": 0}
-        return (0, int(delta["allTime"]), int(delta["current"]))
-    return {
-        "download": (1, 0, 0),
-        "install_new": (0, 1, 1),
-        "install_reactivate": (0, 0, 1),
-        "install_deactivate": (0, 0, -1),
-    }.get(kind, (0, 0, 0))
 
 
 def as_record(event: dict[str, Any]) -> Record:

@@ -71,7 +71,18 @@ CASES: dict[str, tuple[str, Callable[[list[bytes]], list[bytes]], str]] = {
     "document without _id": (EVENTS, _event_at(250, _drop("_id")), "a document without _id"),
     "not JSON": (EVENTS, lambda lines: [*lines[:249], b'{"_id": "x",\n', *lines[250:]], "not a JSON document"),
     "non-integral count": (DAILY, _event_at(2, _set(installs=0.25)), "installs must be an integral number, got 0.25"),
-    "occurredAt before 2000": (EVENTS, _event_at(250, _set(occurredAt=5)), "occurredAt 5 is before 2000-01-01"),
+    # Outside the contract's ranges as well, but wrong in shape: refused (the ranges alone are not:
+    # tests/test_legacy_ranges.py).
+    "skillId too long, occurredAt before 2000": (
+        EVENTS,
+        _event_at(250, _set(skillId="s" * 129, occurredAt=5)),
+        "skillId must be a string of 1-128 characters",
+    ),
+    "non-integral delta over 1e9": (
+        EVENTS,
+        _event_at(250, _set(kind="install_clear", delta={"allTime": -2e9 - 0.5, "current": 0})),
+        "delta.allTime must be an integral number",
+    ),
 }
 
 

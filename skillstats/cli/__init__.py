@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "lag-exporter": ("lag_exporter", "serve both groups' lag (records and seconds) to Prometheus; always on"),
     "bench": ("bench", "measure throughput, memory and latency of each consumer"),
     "legacy": ("legacy", "move in from the legacy system: plan and import a Convex export, exactly once"),
+    "rebuild": ("rebuild", "recompute the windows tables from the log beside the live ones, then swap them in"),
 }
 
 

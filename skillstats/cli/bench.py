@@ -18,7 +18,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "windowed Table per event; (f) Kafka's own kafka-consumer-perf-test; (g) the windows sink behind a "
         "confluent-kafka loop; (h) two windows workers in one group. Each row gives events/s, the ratio to (a), "
         "CPU seconds per million events and SQL rows upserted/s. Then publish-to-SQL latency at a steady offered "
-        "load. See docs/performance.md."
+        "load, (i) skillstats ingest beside the direct publisher, and (j) skillstats legacy import of a synthetic "
+        "Convex export (events/s, peak RSS). See docs/performance.md."
     )
     kafka_options(parser, dlq=True)
     database_options(parser)

@@ -62,6 +62,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "they are skipped for good, as docsync skips a deleted skill's events)",
     )
     run_import.add_argument(
+        "--skip-out-of-contract",
+        action="store_true",
+        help="leave uncounted the events (and --history rows) outside the contract's ranges: an occurredAt before "
+        "2000 or after 9999, an install_clear delta over 1e9 in size (see `plan`); each is recorded in the manifest "
+        "as skipped",
+    )
+    run_import.add_argument(
         "--allow-empty-registry",
         action="store_true",
         help="import even when `skills` has no rows (the events owed to the skill totals are then skipped for good)",
@@ -115,11 +122,18 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                 allow_older_rows=args.allow_older_rows,
                 allow_empty_registry=args.allow_empty_registry,
                 allow_unknown_skills=args.allow_unknown_skills,
+                skip_out_of_contract=args.skip_out_of_contract,
             )
             previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
             try:
                 with _bar(export.size(EVENTS), "import") as bar:
-                    outcome = importer.run(export, plan, history=args.history, progress=bar.update)
+                    outcome = importer.run(
+                        export,
+                        plan,
+                        history=args.history,
+                        progress=bar.update,
+                        skip_out_of_contract=args.skip_out_of_contract,
+                    )
             finally:
                 for number, handler in previous.items():
                     signal.signal(number, handler)

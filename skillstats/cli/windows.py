@@ -33,6 +33,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     metrics_options(parser, "windows")
     parser.add_argument("--group", help="consumer group id [SKILLSTATS_WINDOWS_GROUP] (default skillstats-windows)")
     parser.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="fill the building rebuild's shadow tables instead, under the rebuild's own group (`skillstats rebuild "
+        "start` first); it stops (exit 2) once the rebuild is swapped in or dropped",
+    )
+    parser.add_argument(
         "--instance-id",
         default=os.environ.get("SKILLSTATS_INSTANCE_ID"),
         help="static group membership id, stable across restarts, e.g. the pod name [SKILLSTATS_INSTANCE_ID]",
@@ -66,6 +72,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from skillstats.streams.windows import run as run_worker
 
+    rebuild = _building_rebuild(settings) if args.rebuild else None
     run_worker(
         settings,
         log_level=args.log_level,
@@ -76,5 +83,28 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         shutdown_budget=budget(args.shutdown_budget),
+        rebuild=rebuild,
     )
     return EXIT_OK
+
+
+def _building_rebuild(settings: Settings) -> object:
+    """The rebuild a `--rebuild` worker fills (IdentityMismatch, exit 2: none is building)."""
+    from skillstats.rebuild.state import building
+    from skillstats.sinks.db import open_engine
+    from skillstats.sinks.identity import IdentityMismatch
+    from skillstats.sinks.migrate import require_current
+
+    engine = open_engine(settings.database_url)
+    try:
+        require_current(engine)
+        found = building(engine)
+    finally:
+        engine.dispose()
+    if found is None:
+        raise IdentityMismatch("no rebuild is building in this database: `skillstats rebuild start` first")
+    if found.topic != settings.topic:
+        raise IdentityMismatch(
+            f"the building rebuild reads topic {found.topic!r}, and this worker is set to read {settings.topic!r}"
+        )
+    return found

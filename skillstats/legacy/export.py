@@ -12,6 +12,13 @@ Numbers in Convex are float64: an integral value may be written `12` or `12.0`, 
 (`skillstats.contract.from_mapping`: ids, kinds, time range, delta bounds), so an imported event is
 one the consumers would have counted; the bound on `occurredAt` against a Kafka timestamp does not
 apply (there is no record).
+
+Outside the contract's ranges, not refused: an `occurredAt` before 2000-01-01 or after 9999-12-31,
+an install_clear `delta` over 1e9 in size (the contract's `bad_timestamp` and `bad_delta` bounds),
+and a `skillDailyStats` row of a day outside those years. The old system counted such events, the
+live consumers would not (they are invalid there, sent to the DLQ): they are well-formed documents
+of the old schema, so they come back marked (`outside`, saying why), for `legacy plan` to count and
+`legacy import` to refuse, or with --skip-out-of-contract to leave uncounted (skillstats/legacy/plan.py).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from skillstats.contract import (
     MAX_OCCURRED_AT_MS,
     MS_PER_DAY,
     Invalid,
+    Reason,
     StatEvent,
     from_mapping,
 )
@@ -65,8 +73,9 @@ class LegacyEvent:
     id: str
     created: float  # `_creationTime`, milliseconds (a float in Convex)
     processed: bool  # has `processedAt`: the doc sync applied it to the skill's totals
-    event: StatEvent
+    event: StatEvent | None  # None when `outside`
     line: int = 0  # its line in documents.jsonl (for a refusal naming it)
+    outside: str | None = None  # outside the contract's ranges: why (the event then counts nowhere)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +89,7 @@ class HistoryRow:
     downloads: int
     installs: int
     line: int = 0
+    outside: str | None = None  # a day outside the contract's years: why (the row then counts nowhere)
 
 
 class Export:
@@ -278,8 +288,21 @@ def _integral(value: object, field: str, where: str, number: int) -> int:
     raise ExportError(f"{where}:{number}: {field} must be an integral number, got {_show(value)}")
 
 
+def _whole(value: object, field: str, where: str, number: int) -> int:
+    """A time or delta Convex wrote as a float64, judged against the contract's ranges afterwards: any integral
+    value (`12`, `12.0`, `1e300`) is taken whatever its size; anything else is refused."""
+    if type(value) is int:
+        return value
+    if type(value) is float and value.is_integer():  # finite: inf and nan are not integral
+        return int(value)
+    raise ExportError(f"{where}:{number}: {field} must be an integral number, got {_show(value)}")
+
+
 def _show(value: object) -> str:
-    text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode() if value is not None else "nothing"
+    if type(value) is int:
+        text = str(value)  # any size (an integral float64 made int): at most 309 digits
+    else:
+        text = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode() if value is not None else "nothing"
     return text if len(text) <= 60 else text[:60] + "..."
 
 
@@ -307,7 +330,7 @@ def parse_event(document: dict[str, Any], where: str, number: int) -> LegacyEven
         "event_id": doc_id,
         "skill_id": document.get("skillId"),
         "kind": kind,
-        "occurred_at": _integral(document.get("occurredAt"), "occurredAt", where, number),
+        "occurred_at": _whole(document.get("occurredAt"), "occurredAt", where, number),
     }
     delta = document.get("delta")
     if EFFECTS[kind].uses_delta:
@@ -319,8 +342,8 @@ def parse_event(document: dict[str, Any], where: str, number: int) -> LegacyEven
             raise ExportError(f"{where}:{number}: delta must be an object {{allTime, current}}, got {_show(delta)}")
         else:
             body["delta"] = {
-                "all_time": _integral(delta.get("allTime"), "delta.allTime", where, number),
-                "current": _integral(delta.get("current"), "delta.current", where, number),
+                "all_time": _whole(delta.get("allTime"), "delta.allTime", where, number),
+                "current": _whole(delta.get("current"), "delta.current", where, number),
             }
     elif "delta" in document:
         raise ExportError(f"{where}:{number}: a delta on a {kind!r} event (only install_clear has one)")
@@ -334,6 +357,14 @@ def parse_event(document: dict[str, Any], where: str, number: int) -> LegacyEven
         message = event.message
         for wire, legacy in _LEGACY_NAMES:
             message = message.replace(wire, legacy)
+        # Both fields are integers here and install_clear always has a delta, and there is no record timestamp:
+        # these two reasons can only be the ranges (before 2000, after 9999, |delta| over 1e9). Everything else
+        # (an id, the kind) was checked before them, so a document wrong in shape is refused whatever its range.
+        if event.reason in (Reason.BAD_TIMESTAMP, Reason.BAD_DELTA):
+            if event.reason is Reason.BAD_DELTA:
+                all_time, current = body["delta"]["all_time"], body["delta"]["current"]
+                message += f", got allTime {_show(all_time)}, current {_show(current)}"
+            return LegacyEvent(doc_id, created, processed is not None, None, number, outside=message)
         raise ExportError(f"{where}:{number}: {message}")
     return LegacyEvent(doc_id, created, processed is not None, event, number)
 
@@ -344,9 +375,10 @@ def parse_history(document: dict[str, Any], where: str, number: int) -> HistoryR
     skill_id = document.get("skillId")
     if type(skill_id) is not str or not 1 <= len(skill_id) <= MAX_ID_CHARS:
         raise ExportError(f"{where}:{number}: skillId must be a string of 1-{MAX_ID_CHARS} characters")
-    day = _integral(document.get("day"), "day", where, number)
-    if not FIRST_DAY <= day <= LAST_DAY:
-        raise ExportError(f"{where}:{number}: day {day} is not a UTC day from 2000-01-01 to 9999-12-31")
+    day = _whole(document.get("day"), "day", where, number)
     downloads = _integral(document.get("downloads"), "downloads", where, number)
     installs = _integral(document.get("installs"), "installs", where, number)
-    return HistoryRow(doc_id, created, skill_id, day, downloads, installs, number)
+    outside = None
+    if not FIRST_DAY <= day <= LAST_DAY:  # the old daily row of events outside the contract's years
+        outside = f"day {_show(day)} is not a UTC day from 2000-01-01 to 9999-12-31"
+    return HistoryRow(doc_id, created, skill_id, day, downloads, installs, number, outside)

@@ -14,10 +14,12 @@ mid-way, another import running at the same time, a retried commit whose answer 
 applied twice, and nothing half: a chunk is one transaction.
 
 The whole export is read and validated first (the plan's pass): a bad line stops the import before
-its first write. What it costs: the export read twice; per chunk (`--chunk-size`, 2,000 events by
-default) one transaction holding its rows' locks for milliseconds, so the live `windows` and
-`docsync` groups on the same database wait at most that long; one manifest row (about 100 bytes)
-per owed event and target, kept.
+its first write. Documents outside the contract's ranges (plan.py, `OutOfContract`) stop it too,
+unless --skip-out-of-contract: each is then claimed in the manifest under `skipped`, in its chunk's
+transaction, and counted nowhere. What it costs: the export read twice; per chunk (`--chunk-size`,
+2,000 events by default) one transaction holding its rows' locks for milliseconds, so the live
+`windows` and `docsync` groups on the same database wait at most that long; one manifest row (about
+100 bytes) per owed event and target, kept.
 """
 
 from __future__ import annotations
@@ -33,11 +35,23 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
-from skillstats.contract import StatEvent
+from skillstats.contract import MS_PER_DAY, StatEvent
 from skillstats.legacy.export import Export, HistoryRow, LegacyEvent, Progress
-from skillstats.legacy.plan import HISTORY, SKILLS, WINDOWS, LegacyRefusal, Plan, chunked, make_plan, owed
+from skillstats.legacy.plan import (
+    HISTORY,
+    RANGES,
+    SKILLS,
+    SKIPPED,
+    WINDOWS,
+    LegacyRefusal,
+    Plan,
+    chunked,
+    make_plan,
+    owed,
+)
 from skillstats.retry import Backoff
 from skillstats.sinks.docstats import DocStatsSink, PartitionDeltas
+from skillstats.sinks.rebuild import day_of, record_imported_days
 from skillstats.sinks.recovery import describe, is_data_error
 from skillstats.sinks.schema import legacy_exports, legacy_manifest, skill_daily_stats
 from skillstats.sinks.upserts import now_utc_naive, upsert_adding
@@ -66,6 +80,8 @@ class Outcome:
     applied: dict[str, int] = field(default_factory=lambda: {WINDOWS: 0, SKILLS: 0, HISTORY: 0})
     skipped: dict[str, int] = field(default_factory=lambda: {WINDOWS: 0, SKILLS: 0, HISTORY: 0})  # manifest had them
     unknown_skill_events: int = 0
+    out_of_contract: int = 0  # outside the contract's ranges: recorded as skipped by this run, counted nowhere
+    out_of_contract_before: int = 0  # ... recorded by an earlier run
     retries: int = 0
     stopped: bool = False  # stopped at a chunk boundary (SIGTERM, SIGINT) before the end
 
@@ -75,6 +91,7 @@ class Outcome:
             "applied": self.applied,
             "already_applied": self.skipped,
             "unknown_skill_events": self.unknown_skill_events,
+            "out_of_contract": {"skipped": self.out_of_contract, "skipped_before": self.out_of_contract_before},
             "retries": self.retries,
             "stopped": self.stopped,
         }
@@ -89,6 +106,11 @@ class Outcome:
             f"  events for skills with no row in `skills` (skipped for good, as docsync does): "
             f"{self.unknown_skill_events:,}"
         )
+        if self.out_of_contract or self.out_of_contract_before:
+            lines.append(
+                f"  outside the contract's ranges (counted nowhere, recorded as skipped): {self.out_of_contract:,} "
+                f"skipped, {self.out_of_contract_before:,} skipped before"
+            )
         return "\n".join(lines)
 
 
@@ -116,9 +138,16 @@ class Importer:
         return make_plan(export, self.engine, history=history, progress=progress)
 
     def check(
-        self, plan: Plan, *, allow_older_rows: bool, allow_empty_registry: bool, allow_unknown_skills: bool = False
+        self,
+        plan: Plan,
+        *,
+        allow_older_rows: bool,
+        allow_empty_registry: bool,
+        allow_unknown_skills: bool = False,
+        skip_out_of_contract: bool = False,
     ) -> None:
         """Refuse (LegacyRefusal) what needs an operator's decision, before any write."""
+        _refuse_out_of_contract(plan, skip_out_of_contract)
         if plan.older_unseen and not allow_older_rows:
             raise LegacyRefusal(
                 f"{plan.older_unseen:,} owed row(s) of {plan.export} are not in the manifest yet were created before "
@@ -140,8 +169,19 @@ class Importer:
                 f"pass --allow-unknown-skills (a deleted skill's events). Nothing was written"
             )
 
-    def run(self, export: Export, plan: Plan, *, history: bool, progress: Progress | None = None) -> Outcome:
-        """Apply what `plan` (made from this export) owes; stops at a chunk boundary when `stop` is set."""
+    def run(
+        self,
+        export: Export,
+        plan: Plan,
+        *,
+        history: bool,
+        progress: Progress | None = None,
+        skip_out_of_contract: bool = False,
+    ) -> Outcome:
+        """Apply what `plan` (made from this export) owes; stops at a chunk boundary when `stop` is set. Documents
+        outside the contract's ranges are recorded as skipped only with `skip_out_of_contract` (LegacyRefusal
+        before any write otherwise, as `check` refuses them)."""
+        _refuse_out_of_contract(plan, skip_out_of_contract)
         outcome = Outcome()
         for chunk in chunked(export.events(progress), self.chunk_size):
             if self.stop.is_set():
@@ -191,6 +231,8 @@ class Importer:
                 outcome.applied[name] += step.applied[name]
                 outcome.skipped[name] += step.skipped[name]
             outcome.unknown_skill_events += step.unknown_skill_events
+            outcome.out_of_contract += step.out_of_contract
+            outcome.out_of_contract_before += step.out_of_contract_before
             if self.on_chunk is not None:
                 self.on_chunk(outcome)
             return
@@ -238,17 +280,26 @@ class Importer:
         self._record(connection, plan, history=False)
         windows_rows: list[tuple[str, float]] = []
         skills_rows: list[tuple[str, float]] = []
+        outside_rows: list[tuple[str, float]] = []
         for event in chunk:
             in_windows, in_skills = owed(event, plan.cursor)
+            if event.event is None:  # outside the contract's ranges: recorded, counted nowhere
+                if in_windows or in_skills:
+                    outside_rows.append((event.id, event.created))
+                continue
             if in_windows:
                 windows_rows.append((event.id, event.created))
             if in_skills:
                 skills_rows.append((event.id, event.created))
         new_windows = self._claim(connection, WINDOWS, windows_rows, plan.bound)
         new_skills = self._claim(connection, SKILLS, skills_rows, plan.bound)
+        step.out_of_contract = len(self._claim(connection, SKIPPED, outside_rows, plan.bound))
+        step.out_of_contract_before = len(outside_rows) - step.out_of_contract
         for_windows: list[StatEvent] = []
         for_skills: list[StatEvent] = []
         for event in chunk:  # the first of an id repeated in the export counts, the others are skipped
+            if event.event is None:
+                continue
             if event.id in new_windows:
                 new_windows.discard(event.id)
                 for_windows.append(event.event)
@@ -256,6 +307,12 @@ class Importer:
                 new_skills.discard(event.id)
                 for_skills.append(event.event)
         now = now_utc_naive()
+        # The days these events count in, and those of the events an earlier run applied (a run from before the
+        # days were recorded): counts not in the log, which a rebuild must carry over (sinks/rebuild.py).
+        owed_days = {
+            e.event.occurred_at // MS_PER_DAY for e in chunk if e.event is not None and owed(e, plan.cursor)[0]
+        }
+        record_imported_days(connection, (day_of(d) for d in owed_days), now)
         if for_windows:
             self.windows.write(connection, self.windows.fold(for_windows), now)
         if for_skills:
@@ -269,8 +326,13 @@ class Importer:
     def _apply_history(self, connection: Connection, rows: Sequence[HistoryRow], plan: Plan) -> Outcome:
         step = Outcome()
         self._record(connection, plan, history=True)
+        outside = [(row.id, row.created) for row in rows if row.outside is not None]
+        rows = [row for row in rows if row.outside is None]
+        step.out_of_contract = len(self._claim(connection, SKIPPED, outside, plan.bound))
+        step.out_of_contract_before = len(outside) - step.out_of_contract
         new = self._claim(connection, HISTORY, [(row.id, row.created) for row in rows], plan.bound)
         per_day: dict[tuple[str, date], list[int]] = {}
+        record_imported_days(connection, {_EPOCH_DAY + timedelta(days=row.day) for row in rows}, now_utc_naive())
         taken = 0
         for row in rows:
             if row.id not in new:
@@ -291,3 +353,17 @@ class Importer:
         )
         step.applied[HISTORY], step.skipped[HISTORY] = taken, len(rows) - taken
         return step
+
+
+def _refuse_out_of_contract(plan: Plan, skip: bool) -> None:
+    outside = plan.outside
+    if outside.to_skip and not skip:
+        first = outside.first[0]
+        where = f"{first['table']}/documents.jsonl:{first['line']}"
+        raise LegacyRefusal(
+            f"{plan.export}: {outside.to_skip:,} document(s) owed to a target are outside the contract's ranges "
+            f"(the first in the export: {where}: _id {first['id']!r}: {first['why']}): "
+            f"{RANGES}. The old system counted such events; the live consumers would not. See `skillstats legacy "
+            f"plan`; --skip-out-of-contract leaves them uncounted (recorded in the manifest as skipped). Nothing was "
+            f"written"
+        )

@@ -8,6 +8,14 @@ An event of the old table is owed to exactly the tables whose cron had not reach
 - `history` (skill_daily_stats, with --history): every `skillDailyStats` row, the daily counts of
   the events at or below the cursor (hourly history is not in the export: it is not imported).
 
+A document outside the contract's ranges (export.py: an `occurredAt` before 2000 or after 9999, a
+delta over 1e9 in size, a daily row of a day outside those years) is owed to none of them: the live
+consumers would not count it. The plan counts those an import would otherwise apply
+(`OutOfContract`: events above the cursor or without `processedAt`, daily rows), with the first few;
+`import` refuses while any is not yet recorded, or with --skip-out-of-contract records each in the
+manifest under a target of its own, `skipped`, counting it nowhere, so that a rerun knows them
+(`skipped before`). Such an event the old crons had both reached is owed nothing and not counted.
+
 The plan also prints the old system's own figures, computed as its
 `countSkillStatEventImportSurvivors` action computes them (`unprocessed`, `processedRecent`,
 `survivors`), for an operator to compare with that action's answer before importing.
@@ -44,6 +52,7 @@ from skillstats.sinks.schema import legacy_exports, legacy_manifest, skills
 WINDOWS: Final = "windows"
 SKILLS: Final = "skills"
 HISTORY: Final = "history"
+SKIPPED: Final = "skipped"  # the manifest's target for documents outside the contract's ranges, counted nowhere
 TABLES: Final = {
     WINDOWS: "skill_hourly_stats, skill_daily_stats",
     SKILLS: "skills, user_skill_stats",
@@ -55,6 +64,11 @@ RULES: Final = {
     HISTORY: "skillDailyStats rows (--history)",
 }
 LOOKUP_CHUNK: Final = 5000
+SHOWN: Final = 5  # documents outside the contract's ranges the plan names
+RANGES: Final = (
+    "an occurredAt before 2000-01-01 or after 9999-12-31, an install_clear delta over 1,000,000,000 in size, or a "
+    "skillDailyStats day outside those years (the contract's bad_timestamp and bad_delta bounds)"
+)
 
 T = TypeVar("T")
 
@@ -116,6 +130,57 @@ class Target:
 
 
 @dataclass
+class OutOfContract:
+    """Documents outside the contract's ranges an import would otherwise apply: counted nowhere by skillstats."""
+
+    events: int = 0  # above the daily cursor or without processedAt
+    history: int = 0  # skillDailyStats rows (--history)
+    skipped_before: int = 0  # of those, recorded by an earlier import (the manifest's `skipped` target)
+    first: list[dict[str, Any]] = field(default_factory=list)  # the first few: table, line, id, why
+
+    @property
+    def total(self) -> int:
+        return self.events + self.history
+
+    @property
+    def to_skip(self) -> int:
+        return self.total - self.skipped_before
+
+    def note(self, table: str, doc_id: str, line: int, why: str) -> None:
+        if len(self.first) < SHOWN:
+            self.first.append({"table": table, "line": line, "id": doc_id, "why": why})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "events": self.events,
+            "history_rows": self.history,
+            "skipped_before": self.skipped_before,
+            "to_skip": self.to_skip,
+            "first": self.first,
+        }
+
+    def render(self) -> list[str]:
+        if not self.total:
+            return []
+        rows = f" and {self.history:,} skillDailyStats row{'s' * (self.history != 1)}" if self.history else ""
+        lines = [
+            f"outside the contract's ranges: {self.events:,} event{'s' * (self.events != 1)}{rows} "
+            f"({self.skipped_before:,} skipped before, "
+            f"{self.to_skip:,} to skip): {RANGES}. The old system counted them; the live consumers would not "
+            f"(invalid there, sent to the DLQ)",
+            *(f"  {f['table']}/documents.jsonl:{f['line']}: _id {f['id']!r}: {f['why']}" for f in self.first),
+        ]
+        if self.total > len(self.first):
+            lines.append(f"  ... and {self.total - len(self.first):,} more")
+        if self.to_skip:
+            lines.append(
+                "WARNING: `legacy import` refuses them unless --skip-out-of-contract (then they are counted nowhere "
+                "and recorded in the manifest as skipped)"
+            )
+        return lines
+
+
+@dataclass
 class Plan:
     export: str
     events: int = 0
@@ -127,6 +192,7 @@ class Plan:
     unprocessed: int = 0
     processed_recent: int = 0
     targets: dict[str, Target] = field(default_factory=dict)
+    outside: OutOfContract = field(default_factory=OutOfContract)  # outside the contract's ranges
 
     @property
     def survivors(self) -> int:
@@ -151,6 +217,7 @@ class Plan:
                 "survivors": self.survivors,
             },
             "targets": {name: target.to_dict() for name, target in self.targets.items()},
+            "out_of_contract": self.outside.to_dict(),
         }
 
     def render(self, as_json: bool = False) -> str:
@@ -180,6 +247,7 @@ class Plan:
         if HISTORY not in self.targets:
             lines.append(f"  (history: the old {DAILY} rows are added only with --history)")
         lines.append("  hourly history is not in the export: skill_hourly_stats gets the owed events only")
+        lines += self.outside.render()
         if self.unknown_skills:
             lines.append(
                 f"WARNING: {self.unknown_skills:,} event(s) to apply to the skill totals are for skills with no row "
@@ -236,6 +304,12 @@ class _Manifest:
             older = sum(1 for doc_id, created in owed if created <= earlier and doc_id not in seen)
             target._unseen_by_bound[earlier] = target._unseen_by_bound.get(earlier, 0) + older
         return seen
+
+    def skipped(self, ids: Sequence[str]) -> int:
+        """How many of `ids` (outside the contract's ranges) an earlier import recorded as skipped."""
+        if self.engine is None or not ids:
+            return 0
+        return len(applied(self.engine, SKIPPED, ids))
 
     def unknown_skills(self, skill_ids: Sequence[str]) -> int:
         """How many of `skill_ids` (one per event, repeats counted) have no row in `skills`: one IN read."""
@@ -294,27 +368,36 @@ def make_plan(
         for chunk in chunked(export.events(progress), LOOKUP_CHUNK):
             duplicates.check([(event.id, event.line) for event in chunk])
             to_windows: list[tuple[str, float]] = []
-            to_skills: list[LegacyEvent] = []
+            to_skills: list[tuple[str, float, str]] = []
+            outside: list[str] = []
             for event in chunk:
                 if on_event is not None:
                     on_event(event)
                 marks.check(event)
                 bound = max(bound, event.created)
                 in_windows, in_skills = owed(event, cursor)
-                if in_windows:
-                    to_windows.append((event.id, event.created))
                 if in_skills:
-                    to_skills.append(event)
                     plan.unprocessed += 1
                 elif cursor is not None and event.created > cursor:
                     plan.processed_recent += 1
+                if event.event is None:  # outside the contract's ranges: owed to no target
+                    if in_windows or in_skills:  # else the old crons counted it everywhere: nothing to skip
+                        outside.append(event.id)
+                        plan.outside.note(EVENTS, event.id, event.line, event.outside or "")
+                    continue
+                if in_windows:
+                    to_windows.append((event.id, event.created))
+                if in_skills:
+                    to_skills.append((event.id, event.created, event.event.skill_id))
             plan.events += len(chunk)
             manifest.count(windows, to_windows, bounds)
-            seen = manifest.count(skills_target, [(e.id, e.created) for e in to_skills], bounds)
+            seen = manifest.count(skills_target, [(doc_id, created) for doc_id, created, _ in to_skills], bounds)
             if plan.unknown_skills is not None:
                 plan.unknown_skills += manifest.unknown_skills(
-                    [e.event.skill_id for e in to_skills if e.id not in seen]
+                    [skill for doc_id, _created, skill in to_skills if doc_id not in seen]
                 )
+            plan.outside.events += len(outside)
+            plan.outside.skipped_before += manifest.skipped(outside)
     finally:
         duplicates.close()
     plan.bound = bound
@@ -327,9 +410,16 @@ def make_plan(
         try:
             for chunk in chunked(export.history(), LOOKUP_CHUNK):
                 duplicates.check([(row.id, row.line) for row in chunk])
+                outside = []
                 for row in chunk:
                     newest = row.created if newest is None else max(newest, row.created)
-                manifest.count(rows, [(row.id, row.created) for row in chunk], history_bounds)
+                    if row.outside is not None:
+                        outside.append(row.id)
+                        plan.outside.note(DAILY, row.id, row.line, row.outside)
+                counted = [(row.id, row.created) for row in chunk if row.outside is None]
+                manifest.count(rows, counted, history_bounds)
+                plan.outside.history += len(outside)
+                plan.outside.skipped_before += manifest.skipped(outside)
         finally:
             duplicates.close()
         plan.history_bound = newest
