@@ -14,7 +14,7 @@ from skillstats.config import Settings
 
 from .workload import WORKLOADS, workload_names
 
-SKIPPABLE = "bare,decode,windows,two-workers,librdkafka-sink,docsync,naive,perftest,latency,ingest,legacy"
+SKIPPABLE = "bare,decode,windows,two-workers,librdkafka-sink,docsync,naive,perftest,latency,ingest,legacy,rebuild"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--skip",
         default="",
-        help=f"comma-separated: {SKIPPABLE} (all but legacy: case j alone, no Kafka broker needed)",
+        help=f"comma-separated: {SKIPPABLE} (all but legacy and rebuild: cases j and k alone)",
     )
     parser.add_argument(
         "--naive-events",
@@ -54,6 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=200_000,
         help="events in the synthetic Convex export `skillstats legacy import` reads in case j, into a fresh SQLite "
         "file and (with --postgres) a fresh database on that server (default 200,000; 0: skip)",
+    )
+    parser.add_argument(
+        "--rebuild-events",
+        type=int,
+        default=200_000,
+        help="case k: events the live worker reads alone, then as many more beside a rebuild of all of them, per "
+        "database (default 200,000; 0: skip)",
     )
     parser.add_argument(
         "--soak-events",
@@ -87,6 +94,7 @@ def main_from_cli(args: argparse.Namespace, settings: Settings) -> int:
             ingest_rate=args.ingest_rate,
             ingest_seconds=args.ingest_seconds,
             import_events=args.import_events,
+            rebuild_events=args.rebuild_events,
         )
         if args.soak_events:
             table += "\n\n" + soak(

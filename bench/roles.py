@@ -38,7 +38,10 @@ def _role_loop(bootstrap: str, topic: str, group: str, expected: int, decode_rec
     first = 0.0
     now_ms = int(time.time() * 1000)
     while seen < expected:
-        messages = consumer.consume(10_000, timeout=1.0)
+        # A short wait: consume() returns once it has 10,000 records or the wait is over, so with a long one the
+        # first call sat in librdkafka while its prefetch filled, unclocked, and a short run (200,000 records)
+        # was measured at up to 7x its fetch-bound rate (tests/test_perf_guard.py).
+        messages = consumer.consume(10_000, timeout=0.1)
         if messages and not first:
             first = time.time()
         if decode_records:

@@ -4,7 +4,8 @@ Cases (docs/performance.md): (a) the bare confluent-kafka loop and (b) with deco
 (c) `skillstats windows` and (h) two of them in one group, on each database; (g) the windows sink
 behind a confluent-kafka loop; (d) a docsync drain; then, on the first workload only, (e) the naive
 faust agent and (f) kafka-consumer-perf-test; then the latency part, (i) HTTP ingest
-(bench/ingest.py) and (j) the legacy import (bench/legacy_import.py). Every case uses a new
+(bench/ingest.py), (j) the legacy import (bench/legacy_import.py) and (k) a rebuild beside the live
+worker (bench/rebuild.py). Every case uses a new
 consumer group and topic in the scratch databases.
 """
 
@@ -77,6 +78,7 @@ def run(
     ingest_rate: int = 500,
     ingest_seconds: int = 20,
     import_events: int = 200_000,
+    rebuild_events: int = 200_000,
 ) -> str:
     """Every case not in `skip`; the markdown report."""
     parts = []
@@ -101,6 +103,11 @@ def run(
 
         log(f"j. skillstats legacy import of a {import_events:,}-event export")
         parts.append(measure_legacy_import(databases, import_events, skills))
+    if "rebuild" not in skip and rebuild_events:
+        from .rebuild import bench_case as measure_rebuild
+
+        log(f"k. skillstats rebuild of {2 * rebuild_events:,} events beside the live worker")
+        parts.append(measure_rebuild(settings, databases, rebuild_events, skills))
     return "\n\n".join(parts)
 
 

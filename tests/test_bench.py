@@ -43,6 +43,8 @@ def test_bench_smoke(settings: Settings, database_url: str, tmp_path: object) ->
             "2",
             "--import-events",
             "2000",
+            "--rebuild-events",
+            "3000",
         ],
         env=settings_env(settings),
         capture_output=True,
@@ -89,6 +91,13 @@ def test_bench_smoke(settings: Settings, database_url: str, tmp_path: object) ->
     for row in imports.values():
         assert parse_number(row["events"]) == 2000 and parse_number(row["events/s"]) > 0, row
         assert parse_number(row["peak RSS"].removesuffix(" MiB")) > 0, row
+    # Case k: a rebuild beside the live worker, then its swap, on each database.
+    rebuilds = table_rows(result.stdout, "| run |")
+    for label in ("SQLite", "PostgreSQL"):
+        for run in ("live windows alone", "rebuild worker beside the live worker", "live windows while a rebuild runs"):
+            row = rebuilds[f"k. {run} ({label})"]
+            assert parse_number(row["events/s"]) > 0 and parse_number(row["CPU s per million events"]) > 0, row
+        assert rebuilds[f"k. rebuild worker beside the live worker ({label})"]["swap"].endswith(" s")
 
 
 def test_the_legacy_import_case_reports_every_event_and_the_tables_hold_them(database_url: str, tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ def listed(settings: Settings, *filters: str) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.faults  # every filter and a replay loop over a real DLQ: in the longer suite
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_list_filter_replay_once_and_a_still_invalid_copy_never_loops(settings: Settings, tmp_path: Path) -> None:
     now = int(time.time() * 1000)

@@ -96,6 +96,7 @@ def test_budget_then_the_rest(loaded: tuple[Settings, list[Record], dict[str, st
     assert_exact(settings, records, rows)
 
 
+@pytest.mark.faults  # two drains racing over the whole topic: in the longer suite
 def test_two_drains_at_once_apply_everything_once(
     loaded: tuple[Settings, list[Record], dict[str, str | None]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

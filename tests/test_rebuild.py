@@ -157,6 +157,16 @@ def test_a_rebuild_is_refused_when_retention_cut_what_it_needs(settings: Setting
     # Every retained record is stamped today: the first day the log wholly holds is tomorrow (or the day after,
     # within ten minutes of midnight).
     assert any(f"the days from {(today + timedelta(days=n)).isoformat()} on" in earliest.stdout for n in (1, 2))
+    # A rebuild's fences are its tables' truth: the operator's fence tools leave them alone.
+    group = status(settings)["rebuild"]["group"]  # type: ignore[index]
+    moved = subprocess.run(
+        [sys.executable, "-m", "skillstats.cli", "fences", "reset", "--group", group, "--to", "start"],
+        env=settings_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert moved.returncode == 2 and "is a rebuild's" in moved.stderr, moved.stderr
 
 
 @pytest.mark.faults

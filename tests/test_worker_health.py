@@ -26,6 +26,7 @@ def metric(body: str, name: str) -> float | None:
     return None
 
 
+@pytest.mark.faults  # waits out the worker's idle and outage timers: in the longer suite
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_idle_worker_is_live_ready_and_quiet_and_a_failing_database_only_unreadies_it(
     settings: Settings, tmp_path: Path

@@ -87,13 +87,19 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 def role_of(settings: Settings, engine: Any, group: str, given: str | None) -> str:
     """The role `group` writes: as the database records it, else as the settings name it, else --role."""
-    from skillstats.sinks.identity import DOCSYNC, WINDOWS, owners
+    from skillstats.sinks.identity import DOCSYNC, REBUILD, WINDOWS, owners
 
     recorded = [role for role, owner in owners(engine).items() if owner.group_id == group]
     named = [
         role for role, name in ((WINDOWS, settings.windows_group), (DOCSYNC, settings.docsync_group)) if name == group
     ]
     found = given or (recorded or named or [None])[0]
+    if found == REBUILD:
+        raise UsageError(
+            f"group {group!r} is a rebuild's (skillstats rebuild): its fences say what its shadow tables hold, and "
+            f"moving them would make the tables count records twice or miss them. Drop the rebuild and start "
+            f"another (`skillstats rebuild drop --confirm DROP`, then `skillstats rebuild start`)"
+        )
     if found is None:
         raise UsageError(
             f"which tables does group {group!r} write? The database does not say and neither do the settings "

@@ -199,8 +199,15 @@ def _swapped(o: SwapOutcome) -> str:
         f"rebuild {o.rebuild.id} is live (the tables it replaced are kept as skill_*_stats_previous: "
         f"`skillstats rebuild rollback --confirm ROLLBACK` puts them back). Brought to the live fences "
         f"{o.live_fences}: {o.added:,} event(s) the live group had counted past the rebuild added, {o.taken:,} the "
-        f"rebuild had counted past the live group taken away; carried over from the live tables: "
+        f"rebuild had counted past the live group taken away. Recomputed: {o.owned}; carried over from the live "
+        f"tables (every other day): "
         + ", ".join(f"{name} {rows:,} row(s)" for name, rows in o.carried.items())
+        + (
+            f"; {o.unrejected} record(s) the live group's database had refused are counted now (their "
+            f"skillstats_rejected_records rows removed; a rollback puts them back)"
+            if o.unrejected
+            else ""
+        )
     )
 
 

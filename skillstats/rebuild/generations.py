@@ -309,6 +309,7 @@ class SwapOutcome:
     taken: int = 0  # events the rebuild had counted past the live group, taken away
     carried: dict[str, int] = field(default_factory=dict)  # rows copied from the live tables, per table
     unrejected: int = 0  # records the live group's database had refused, counted by the rebuild
+    owned: str = ""  # which days came from the rebuild (the rest carried over from the live tables)
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,7 +461,7 @@ def swap(
         if problems:
             raise RebuildRefused(f"rebuild {rebuild.id} cannot be swapped in now: " + "; ".join(problems))
         owned = rebuild.owned(connection)
-        outcome = SwapOutcome(rebuild, dict(gap.live), dict(gap.rebuild))
+        outcome = SwapOutcome(rebuild, dict(gap.live), dict(gap.rebuild), owned=owned.describe())
         apart = counted_apart(connection, rebuild, live)
         ahead_live, ahead_rebuild = gap_events(settings, rebuild, owned, gap, apart, read)
         add_events(connection, generation(SHADOW), ahead_live, 1, now)
