@@ -333,6 +333,7 @@ def replay_rows(settings: Settings) -> list[tuple[int, int, int | None, int | No
         engine.dispose()
 
 
+@pytest.mark.faults  # a backup, a replay, a restore, the workers again: in the longer suite
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_database_restored_to_before_a_replay_does_not_get_the_record_a_second_copy(
     settings: Settings, tmp_path: Path

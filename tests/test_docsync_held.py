@@ -102,6 +102,7 @@ def status_report(settings: Settings) -> tuple[dict[str, Any], str]:
     return report, as_text.stdout
 
 
+@pytest.mark.faults  # a drain held back, then freed, end to end: in the longer suite
 def test_a_partition_the_database_refuses_is_held_back_and_every_other_moves(settings: Settings) -> None:
     engine = open_engine(settings.database_url)
     seed_registry(settings, ROWS)

@@ -82,6 +82,7 @@ def prune_json(settings: Settings, *args: str) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.faults  # both groups run, then a prune at each of their positions: in the longer suite
 def test_prune_never_deletes_what_a_required_group_has_not_committed_past(settings: Settings) -> None:
     prepare(settings)
     before = lows(settings)

@@ -87,6 +87,7 @@ def applied_at_least(settings: Settings, worker: WorkerProcess, target: int) -> 
     return check
 
 
+@pytest.mark.faults  # two workers joining and leaving over a stream: in the longer suite
 def test_rebalances_between_two_workers(settings: Settings, tmp_path: Path) -> None:
     records = list(generate(EVENTS, now_ms=int(time.time() * 1000), skills=1500, seed=5, invalid_ratio=0.005))
     third = len(records) // 3
