@@ -208,7 +208,9 @@ def test_ingest_rides_out_a_broker_stopped_and_started(own_kafka: OwnKafka, tmp_
 
     # Group commit: a transaction may hold several requests, so transactions are at most the requests.
     aborted = metric(during, 'skillstats_ingest_transactions_total{outcome="aborted"}')
-    assert 1 <= aborted <= metric(during, 'skillstats_ingest_requests_total{status="503"}')
+    # A 503 may come from a transaction that never began (the producer could not start one with Kafka away), so
+    # none aborted is possible: only the upper bound holds in every run (one CI run saw 0 aborted).
+    assert 0 <= aborted <= metric(during, 'skillstats_ingest_requests_total{status="503"}')
     committed = metric(after, 'skillstats_ingest_transactions_total{outcome="committed"}')
     assert metric(during, 'skillstats_ingest_transactions_total{outcome="committed"}') >= 1
     assert (
