@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -96,3 +98,14 @@ def _sqlite_engine(url: Any, lock_timeout_s: float, **kwargs: Any) -> Engine:
         connection.exec_driver_sql("BEGIN")
 
     return engine
+
+
+@contextmanager
+def connected(source: Connection | Engine) -> Iterator[Connection]:
+    """A connection to read with: `source` itself (inside its transaction), or a new one of the engine `source` is,
+    closed after. For the reads that run both on their own and inside a caller's transaction."""
+    if isinstance(source, Engine):
+        with source.connect() as connection:
+            yield connection
+    else:
+        yield source

@@ -36,6 +36,7 @@ from datetime import datetime
 from sqlalchemy import Connection, Engine, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from skillstats.sinks.db import connected
 from skillstats.sinks.schema import consumers, partition_fences
 
 WINDOWS, DOCSYNC = "windows", "docsync"
@@ -65,16 +66,11 @@ class IdentityMismatch(RuntimeError):
 
 
 def owner_of(connection: Connection | Engine, role: str) -> Owner | None:
-    def read(c: Connection) -> Owner | None:
+    with connected(connection) as c:
         row = c.execute(
             select(consumers.c.group_id, consumers.c.topic, consumers.c.topic_id).where(consumers.c.role == role)
         ).one_or_none()
-        return None if row is None else Owner(role, *row)
-
-    if isinstance(connection, Engine):
-        with connection.connect() as c:
-            return read(c)
-    return read(connection)
+    return None if row is None else Owner(role, *row)
 
 
 def owners(engine: Engine) -> dict[str, Owner]:
@@ -177,6 +173,13 @@ def mismatch(recorded: Owner | None, wanted: Owner, recount: Mapping[int, int] |
 
 
 def topic_replaced_message(recorded: Owner, now_id: str) -> str:
+    if recorded.role == REBUILD:
+        return (
+            f"topic {recorded.topic!r} is not the one rebuild group {recorded.group_id!r} read: its Kafka topic id "
+            f"was {recorded.topic_id} and is now {now_id} (deleted and created again, or another cluster). A rebuild "
+            f"cannot go on over another log: `skillstats rebuild drop --confirm DROP` it, and start again once the "
+            f"live group counts the topic as it is now."
+        )
     return (
         f"topic {recorded.topic!r} is not the one group {recorded.group_id!r} counted: its Kafka topic id was "
         f"{recorded.topic_id} and is now {now_id}. It was deleted and created again, or another cluster answers "

@@ -31,6 +31,7 @@ from sqlalchemy import Connection, Engine, MetaData, Table, delete, false, func,
 
 from skillstats.contract import MS_PER_DAY, StatEvent
 from skillstats.sinks.batch import PartitionBatch, Prepared
+from skillstats.sinks.db import connected
 from skillstats.sinks.identity import IdentityMismatch
 from skillstats.sinks.schema import imported_days, rebuild_skips, rebuilds, skill_daily_stats, skill_hourly_stats
 from skillstats.sinks.windows import Buckets, WindowsSink, fold, write_buckets
@@ -125,14 +126,9 @@ def _date_of(column: Any, dialect: str) -> Any:
 def owned_days(connection: Connection | Engine, owns_from: date | None) -> OwnedDays:
     """The rule for a rebuild starting at `owns_from`, with the imported days as the database holds them now."""
 
-    def read(c: Connection) -> OwnedDays:
+    with connected(connection) as c:
         carried = frozenset(day_number(d) for (d,) in c.execute(select(imported_days.c.day)))
-        return OwnedDays(None if owns_from is None else day_number(owns_from), carried)
-
-    if isinstance(connection, Engine):
-        with connection.connect() as c:
-            return read(c)
-    return read(connection)
+    return OwnedDays(None if owns_from is None else day_number(owns_from), carried)
 
 
 class RebuildSink(WindowsSink):
@@ -177,19 +173,14 @@ class RebuildSink(WindowsSink):
 def skipped(connection: Connection | Engine, rebuild_id: int) -> dict[int, set[int]]:
     """The records a rebuild counts nowhere (the live group had parked them), per partition."""
 
-    def read(c: Connection) -> dict[int, set[int]]:
-        found: dict[int, set[int]] = {}
+    found: dict[int, set[int]] = {}
+    with connected(connection) as c:
         rows = c.execute(
             select(rebuild_skips.c.partition, rebuild_skips.c.offset).where(rebuild_skips.c.rebuild_id == rebuild_id)
         )
         for p, o in rows:
             found.setdefault(p, set()).add(o)
-        return found
-
-    if isinstance(connection, Engine):
-        with connection.connect() as c:
-            return read(c)
-    return read(connection)
+    return found
 
 
 def table_exists(connection: Connection, name: str) -> bool:

@@ -227,7 +227,8 @@ rebuilds = Table(
     Column("swap_fences", Text, nullable=True),
     Column("note", Text, nullable=True),
     # JSON list of [partition, offset]: the live group's refused records the swap made counted (their
-    # skillstats_rejected_records rows were deleted; a rollback puts them back).
+    # skillstats_rejected_records rows were deleted; a rollback's swap puts them back). A rollback's rebuild,
+    # while building: the rows its swap puts back.
     Column("unrejected", Text, nullable=True),
 )
 

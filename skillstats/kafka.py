@@ -317,11 +317,11 @@ class TopicIds:
     def get(self, topic: str) -> str | None:
         """Asked again, by a new client, while Kafka cannot say: right after a broker is killed the
         cluster still names it until the controller fences it (broker.session.timeout.ms, 9 s by
-        default), for up to _WATERMARK_PATIENCE times the timeout; while a leader moves (a retriable
+        default), for up to PATIENCE times the timeout; while a leader moves (a retriable
         error) for as long; and an unknown topic for TOPIC_SETTLE_S (just created, the broker asked
         may not know it yet) before it is TopicMissing."""
         started = time.monotonic()
-        deadline = started + _WATERMARK_PATIENCE * self.timeout
+        deadline = started + PATIENCE * self.timeout
         while True:
             try:
                 return self.answer(topic, self.request(topic))
@@ -401,14 +401,14 @@ def watermarks(settings: Settings, topic: str, timeout: float = FIRST_ANSWER_S) 
 # its high watermark has caught up (KIP-207), which can take seconds on a busy cluster.
 # Hence asking again, with fresh metadata and a pause, for up to this many times the
 # caller's timeout; an unreachable cluster fails before this, in partition_count.
-_WATERMARK_PATIENCE = 3
+PATIENCE = 3
 # What librdkafka itself reports meanwhile: the request timed out, or its connection to
 # the dead broker went away under it.
 _BROKER_GONE = frozenset({KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._DESTROY_BROKER})
 
 
 def _watermark(consumer: Consumer, partition: TopicPartition, timeout: float) -> tuple[int, int]:
-    deadline = time.monotonic() + _WATERMARK_PATIENCE * timeout
+    deadline = time.monotonic() + PATIENCE * timeout
     while True:
         try:
             low, high = consumer.get_watermark_offsets(partition, timeout=timeout)

@@ -26,6 +26,13 @@ are counted in SQL (`skillstats_consumer_offsets_lost_total`), and whether the
 topic is still the one the counts belong to (its Kafka id against the one the
 database recorded, sinks/identity.py) is `skillstats_topic_identity_mismatch`.
 
+A building rebuild's group (`skillstats rebuild start`) is measured beside
+them, with role `rebuild`: the database says which group that is, so its series
+appear from the measurement after the database thread read it, and go at the
+swap or drop. Its lag starts at the day it recomputes from, by design as old as
+the retention it reads: SkillstatsRetentionNear leaves that role out, while
+records lost to retention under it still alert (its swap would refuse them).
+
 A record at the committed offset may be a transaction marker or part of an
 aborted transaction; the read is read_committed like the groups, so the oldest
 record measured is the oldest the group would be handed. When nothing
@@ -56,13 +63,15 @@ from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, Resou
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from skillstats.config import FIRST_ANSWER_S, Settings, redact_url
 from skillstats.kafka import KafkaRefused, RefusalWatch, TopicIds, TopicMissing, cluster_metadata, while_moving
+from skillstats.rebuild.state import building
 from skillstats.sinks.fences import PartitionFences
-from skillstats.sinks.identity import DOCSYNC, WINDOWS, Owner, owners  # the `role` label: rules match roles
+from skillstats.sinks.identity import DOCSYNC, REBUILD, WINDOWS, Owner, owners  # the `role` label: rules match roles
 from skillstats.sinks.recovery import describe
-from skillstats.sinks.schema import docsync_runs
+from skillstats.sinks.schema import docsync_runs, rebuilds
 
 log = logging.getLogger(__name__)
 
@@ -331,18 +340,39 @@ class LagProbe:
 
 
 def measure_lag(
-    settings: Settings, timeout: float = FIRST_ANSWER_S, applied: Mapping[str, Mapping[int, int]] | None = None
+    settings: Settings,
+    timeout: float = FIRST_ANSWER_S,
+    applied: Mapping[str, Mapping[int, int]] | None = None,
+    rebuild_group: str | None = None,
 ) -> LagSnapshot:
-    """One measurement of both groups (what `skillstats status` shows); `applied`: group -> SQL fences."""
+    """One measurement of both groups, and of a building rebuild's (what `skillstats status` shows); `applied`:
+    group -> SQL fences."""
     probe = LagProbe(settings, timeout)
     try:
-        return probe.measure(groups_of(settings), applied)
+        return probe.measure(groups_of(settings, rebuild_group), applied)
     finally:
         probe.close()
 
 
-def groups_of(settings: Settings) -> list[tuple[str, str]]:
-    return [(settings.windows_group, WINDOWS), (settings.docsync_group, DOCSYNC)]
+def groups_of(settings: Settings, rebuild_group: str | None = None) -> list[tuple[str, str]]:
+    """(group, role) of every group measured: the two configured ones, and a building rebuild's when there is one
+    (role `rebuild`: its lag starts at the day it recomputes from, so the rules tell it from the live groups)."""
+    groups = [(settings.windows_group, WINDOWS), (settings.docsync_group, DOCSYNC)]
+    if rebuild_group is not None:
+        groups.append((rebuild_group, REBUILD))
+    return groups
+
+
+def rebuild_group(engine: Any, topic: str) -> str | None:
+    """The group of the rebuild building from `topic` (skillstats/rebuild/), None when there is none, or when the
+    schema has no rebuilds yet (the exporter reads a database its migrations may not have reached)."""
+    try:
+        rebuild = building(engine)
+    except (OperationalError, ProgrammingError) as exc:
+        if rebuilds.name not in str(exc):  # SQLite: "no such table: ..."; PostgreSQL: relation "..." does not exist
+            raise
+        return None
+    return rebuild.group_id if rebuild is not None and rebuild.topic == topic else None
 
 
 def last_docsync_success(engine: Any, group: str) -> datetime | None:
@@ -460,6 +490,7 @@ class LagExporter(Collector):
         self.measurements = {"ok": 0, "failed": 0}
         self.refusal: KafkaRefused | None = None
         self.owners: dict[str, Owner] | None = None
+        self.rebuild_group: str | None = None  # a building rebuild's group, as the database last said
         self.last_success = 0.0
         self.measure_seconds = 0.0
         self.loop_beat = time.monotonic()
@@ -478,9 +509,12 @@ class LagExporter(Collector):
     def close(self) -> None:
         self.stop.set()
         for thread in self._threads:
-            thread.join(self.timeout * 3)
+            if thread.is_alive():  # measured by hand (refresh, read_database), never started: nothing to join
+                thread.join(self.timeout * 3)
         if self._probe is not None:
             self._probe.close()
+        if self._engine is not None:
+            self._engine.dispose()
 
     def live(self) -> str | None:
         """/healthz: Kafka measurements keep completing (each request is bounded, so a wedged one is a bug)."""
@@ -501,7 +535,7 @@ class LagExporter(Collector):
         try:
             if self._probe is None:
                 self._probe = LagProbe(self.settings, self.timeout)
-            self.snapshot = self._probe.measure(groups_of(self.settings), self.applied)
+            self.snapshot = self._probe.measure(groups_of(self.settings, self.rebuild_group), self.applied)
             first = self.last_success == 0.0
             self.last_success = time.time()
             where = (self.settings.topic, self.settings.kafka_bootstrap)
@@ -550,17 +584,16 @@ class LagExporter(Collector):
                 if self.open_database is None:
                     return
                 self._engine = self.open_database()
-            fences = {
-                group: PartitionFences(self._engine, group, self.settings.topic).fences()
-                for group, _role in groups_of(self.settings)
-            }
+            rebuilding = rebuild_group(self._engine, self.settings.topic)
+            groups = groups_of(self.settings, rebuilding)
+            fences = {group: PartitionFences(self._engine, group, self.settings.topic).fences() for group, _ in groups}
             self.docsync_success = last_docsync_success(self._engine, self.settings.docsync_group)
             self.lost = {
-                group: PartitionFences(self._engine, group, self.settings.topic).offsets_lost()
-                for group, _role in groups_of(self.settings)
+                group: PartitionFences(self._engine, group, self.settings.topic).offsets_lost() for group, _ in groups
             }
             self.owners = owners(self._engine)
             self.applied = fences
+            self.rebuild_group = rebuilding
             if not self.database_up:
                 again = " again" if self._database_failed else ""
                 level = logging.WARNING if self._database_failed else logging.INFO
@@ -612,8 +645,11 @@ class LagExporter(Collector):
                 )
             now = time.time()
             for group in snapshot.groups:
-                if self.owners is not None and snapshot.topic_id is not None:
-                    owner = self.owners.get(group.role)
+                owner = self.owners.get(group.role) if self.owners is not None else None
+                # A rebuild's group is read from the database: another one there means this measurement is older
+                # than the rebuild's swap or drop, not that its tables belong to another group.
+                stale = group.role == REBUILD and (owner is None or owner.group_id != group.group)
+                if self.owners is not None and snapshot.topic_id is not None and not stale:
                     wrong = owner is not None and (
                         owner.group_id != group.group
                         or owner.topic != snapshot.topic.name

@@ -47,11 +47,12 @@ from skillstats.kafka import (
     topic_config_problems,
     topic_configs,
 )
-from skillstats.lag import LagSnapshot, groups_of, measure_lag
+from skillstats.lag import LagSnapshot, groups_of, measure_lag, rebuild_group
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.docstats import held_from_error
 from skillstats.sinks.fences import PartitionFences
 from skillstats.sinks.identity import (
+    REBUILD,
     IdentityMismatch,
     Owner,
     another_database_message,
@@ -171,7 +172,8 @@ def status(settings: Settings, dlq_rows: int = 5, timeout: float = FIRST_ANSWER_
         runs = recent_runs(engine, settings.docsync_group)
         applied: dict[str, dict[int, int]] = {}
         groups: list[dict[str, Any]] = []
-        for group, role in groups_of(settings):
+        rebuilding = rebuild_group(engine, settings.topic)
+        for group, role in groups_of(settings, rebuilding):
             fences = PartitionFences(engine, group, settings.topic)
             applied[group] = fences.fences()
             owner = recorded.get(role)
@@ -225,7 +227,7 @@ def status(settings: Settings, dlq_rows: int = 5, timeout: float = FIRST_ANSWER_
         }
         try:
             partition_count(settings, settings.topic, timeout)  # unreachable, or no such topic: said at once
-            snapshot = measure_lag(settings, timeout, applied=applied)
+            snapshot = measure_lag(settings, timeout, applied=applied, rebuild_group=rebuilding)
             _add_kafka(report, settings, engine, snapshot, recorded, dlq_rows, timeout)
         except KafkaUnreachable as exc:  # KafkaRefused too: the database's side stands alone
             report["kafka_unreachable"] = mask(str(exc), settings.secrets())  # printed on stdout: never a secret
@@ -375,10 +377,20 @@ def render(report: dict[str, Any], as_json: bool, partition_lines: int = 12) -> 
         if len(owed) > partition_lines:
             lines.append(f"    ... and {len(owed) - partition_lines} more (--json lists every partition)")
     for group in report["groups"]:
+        if group["role"] == REBUILD:
+            lines.append(
+                f"  REBUILDING: {group['group']} recomputes the windows tables from the log beside the live ones "
+                f"(`skillstats rebuild status` says how far, and whether it may be swapped in)"
+            )
         if group["fences_ahead"]:
             lines.append(
                 f"  FENCE AHEAD OF LOG: {group['group']} partition(s) {group['fences_ahead']}: the topic was recreated "
-                f"or the database restored; the consumers refuse to run (see `skillstats fences --help`)"
+                f"or the database restored; the consumers refuse to run (see "
+                + (
+                    "`skillstats rebuild --help`: a rebuild is dropped, not reset)"
+                    if group["role"] == REBUILD
+                    else "`skillstats fences --help`)"
+                )
             )
         if group["refused"]:
             lines.append(f"  REFUSED: {group['group']} would not run: {group['refused']}")

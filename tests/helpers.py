@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from pathlib import Path
@@ -44,6 +44,7 @@ from skillstats.workload import Record, skill_ids
 from tests.conftest import settings_env
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 # docs/contract.md, kinds, restated: (downloads, installs) added to the day and hour of the event.
 WINDOW_COUNTS = {"download": (1, 0), "install_new": (0, 1)}
@@ -369,6 +370,29 @@ def actual_docstats(settings: Settings) -> tuple[Stats, Stats]:
         return skill_rows, owner_rows
     finally:
         engine.dispose()
+
+
+def nonzero(rows: Mapping[K, tuple[int, ...]]) -> dict[K, tuple[int, ...]]:
+    """The rows that count something: a row kept at zero (every event of it taken back) is no row."""
+    return {k: tuple(v) for k, v in rows.items() if any(v)}
+
+
+def assert_four_tables(
+    url: str,
+    daily: Counts,
+    hourly: Counts,
+    skill_stats: Stats,
+    owner_stats: Stats,
+) -> None:
+    """The daily, hourly, skills and owners tables in `url` are the model's (rows at zero aside; every skill row
+    compared, zeros too: the registry made them)."""
+    state = Settings(database_url=url)
+    got_daily, got_hourly = actual_windows(state)
+    got_skills, got_owners = actual_docstats(state)
+    assert nonzero(got_daily) == nonzero(daily)
+    assert nonzero(got_hourly) == nonzero(hourly)
+    assert got_skills == skill_stats
+    assert nonzero(got_owners) == nonzero(owner_stats)
 
 
 def seed_registry(settings: Settings, rows: dict[str, str | None]) -> None:

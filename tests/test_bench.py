@@ -12,8 +12,8 @@ from skillstats_bench.legacy_import import build_export, measure, render
 
 from skillstats.config import Settings
 from tests.conftest import settings_env
-from tests.helpers import actual_docstats, actual_windows, expected_docstats, expected_windows
-from tests.test_legacy import as_record, nonzero
+from tests.helpers import assert_four_tables, expected_docstats, expected_windows
+from tests.test_legacy import as_record
 
 
 @pytest.mark.faults  # every case of the bench, about 100 s: in the longer suite
@@ -126,13 +126,7 @@ def test_the_legacy_import_case_reports_every_event_and_the_tables_hold_them(dat
     daily, _ = expected_windows(records)
     _, hourly = expected_windows([as_record(document) for document in above])
     want_skills, want_owners, _unknown = expected_docstats(records, built.deployment.registry)
-    state = Settings(database_url=database_url)
-    got_daily, got_hourly = actual_windows(state)
-    got_skills, got_owners = actual_docstats(state)
-    assert nonzero(got_daily) == nonzero(daily)
-    assert nonzero(got_hourly) == nonzero(hourly)
-    assert got_skills == want_skills
-    assert nonzero(got_owners) == nonzero(want_owners)
+    assert_four_tables(database_url, daily, hourly, want_skills, want_owners)
 
 
 def parse_number(cell: str) -> float:

@@ -17,7 +17,7 @@ from sqlalchemy import insert
 
 from skillstats.config import Settings
 from skillstats.kafka import KafkaRefused, commit_offsets, ensure_topics
-from skillstats.lag import DOCSYNC, WINDOWS, LagExporter, LagProbe, PartitionLag, groups_of, measure_lag
+from skillstats.lag import DOCSYNC, REBUILD, WINDOWS, LagExporter, LagProbe, PartitionLag, groups_of, measure_lag
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.identity import Owner
 from skillstats.sinks.migrate import upgrade
@@ -183,6 +183,51 @@ def test_exporter_serves_offsets_lost_and_a_refused_owner_from_sql(lag_settings:
     exporter.owners = {WINDOWS: Owner(WINDOWS, "a-renamed-group", lag_settings.topic, None)}
     got = samples(exporter)
     assert {s["role"]: v for s, v in got["skillstats_topic_identity_mismatch"]} == {WINDOWS: 1.0, DOCSYNC: 0.0}
+
+
+def test_a_rebuild_group_measured_before_its_swap_or_drop_is_no_identity_mismatch(lag_settings: Settings) -> None:
+    """The rebuild's group comes from the database: when the database already names another one (the measured
+    rebuild was swapped or dropped, a new one started), the measurement is stale, not a foreign owner."""
+    exporter = LagExporter(lag_settings, interval=60, timeout=10)
+    exporter.rebuild_group = "windows-rebuild-1"
+    exporter.refresh()
+    assert exporter.snapshot is not None and exporter.snapshot.topic_id
+    topic_id = exporter.snapshot.topic_id
+    lag_roles = {s["role"] for s, _v in samples(exporter)["skillstats_consumer_lag_records"]}
+    assert lag_roles == {WINDOWS, DOCSYNC, REBUILD}
+    own = {role: Owner(role, group, lag_settings.topic, topic_id) for group, role in groups_of(lag_settings)}
+    exporter.owners = {**own, REBUILD: Owner(REBUILD, "windows-rebuild-1", lag_settings.topic, topic_id)}
+    mismatch = {s["role"]: v for s, v in samples(exporter)["skillstats_topic_identity_mismatch"]}
+    assert mismatch == {WINDOWS: 0.0, DOCSYNC: 0.0, REBUILD: 0.0}
+    exporter.owners = {**own, REBUILD: Owner(REBUILD, "windows-rebuild-2", lag_settings.topic, topic_id)}
+    mismatch = {s["role"]: v for s, v in samples(exporter)["skillstats_topic_identity_mismatch"]}
+    assert mismatch == {WINDOWS: 0.0, DOCSYNC: 0.0}
+    exporter.owners = {**own, REBUILD: Owner(REBUILD, "windows-rebuild-1", lag_settings.topic, "an-older-topic-id")}
+    mismatch = {s["role"]: v for s, v in samples(exporter)["skillstats_topic_identity_mismatch"]}
+    assert mismatch == {WINDOWS: 0.0, DOCSYNC: 0.0, REBUILD: 1.0}
+    exporter.close()
+
+
+def test_the_exporter_reads_a_database_whose_schema_has_no_rebuilds_yet(lag_settings: Settings, tmp_path: Path) -> None:
+    """A migration not yet run (the init Job still running, or failed) takes nothing from what the exporter serves
+    but the rebuild's group."""
+    from alembic import command
+
+    from skillstats.sinks.migrate import _config
+
+    url = f"sqlite:///{tmp_path}/old.db"
+    engine = open_engine(url)
+    config = _config()
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0009")
+    exporter = LagExporter(
+        lag_settings.override(database_url=url), interval=60, timeout=10, open_database=lambda: engine
+    )
+    exporter.read_database()
+    assert exporter.database_up and exporter.rebuild_group is None
+    assert set(exporter.applied) == {lag_settings.windows_group, lag_settings.docsync_group}
+    exporter.close()
 
 
 def samples(collector: LagExporter) -> dict[str, list[tuple[dict[str, str], float]]]:

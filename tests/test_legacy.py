@@ -34,7 +34,6 @@ from skillstats_bench.legacy_export import (
 from sqlalchemy import func, select
 
 from skillstats.cli import main
-from skillstats.config import Settings
 from skillstats.legacy.export import Export
 from skillstats.legacy.importer import Importer
 from skillstats.legacy.plan import make_plan
@@ -42,7 +41,7 @@ from skillstats.sinks.db import open_engine
 from skillstats.sinks.migrate import upgrade
 from skillstats.sinks.schema import legacy_manifest
 from skillstats.workload import Record
-from tests.helpers import actual_docstats, actual_windows, expected_docstats, expected_windows, registry
+from tests.helpers import assert_four_tables, expected_docstats, expected_windows, registry
 
 MS_HOUR = 3_600_000
 
@@ -176,23 +175,13 @@ def as_record(event: dict[str, Any]) -> Record:
     return Record(event["skillId"].encode(), orjson.dumps(body), True)
 
 
-def nonzero(rows: dict[Any, tuple[int, ...]]) -> dict[Any, tuple[int, ...]]:
-    return {k: tuple(v) for k, v in rows.items() if any(v)}
-
-
 def check_moved(old: OldSystem, url: str, hourly_from: float | None, live: Sequence[Record] = ()) -> None:
     """The tables hold every event ever created once (hourly: those above `hourly_from`, the first import's
     cursor: the old hourly stats are not in the export), plus the `live` records."""
     daily, _ = expected_windows([*old.records(), *live])
     _, hourly = expected_windows([*old.above_cursor(hourly_from), *live])
     want_skills, want_owners, _unknown = expected_docstats([*old.records(), *live], old.registry)
-    state = Settings(database_url=url)
-    got_daily, got_hourly = actual_windows(state)
-    got_skills, got_owners = actual_docstats(state)
-    assert nonzero(got_daily) == nonzero(daily)
-    assert nonzero(got_hourly) == nonzero(hourly)
-    assert got_skills == want_skills
-    assert nonzero(got_owners) == nonzero(want_owners)
+    assert_four_tables(url, daily, hourly, want_skills, want_owners)
 
 
 def legacy(*args: str, url: str) -> tuple[int, str, str]:

@@ -23,15 +23,14 @@ import pytest
 from sqlalchemy import create_engine, event, select, text
 from sqlalchemy.exc import OperationalError
 
-from skillstats.config import Settings
 from skillstats.legacy.export import Export
 from skillstats.legacy.importer import DatabaseAway, Importer
 from skillstats.retry import Backoff
 from skillstats.sinks.db import open_engine, sqlite_path
 from skillstats.sinks.migrate import upgrade
 from skillstats.sinks.schema import legacy_manifest
-from tests.helpers import actual_docstats, actual_windows, expected_docstats, expected_windows, wait_until
-from tests.test_legacy import OldSystem, as_record, check_moved, history_of_a_registry, manifest_rows, nonzero
+from tests.helpers import assert_four_tables, expected_docstats, expected_windows, wait_until
+from tests.test_legacy import OldSystem, as_record, check_moved, history_of_a_registry, manifest_rows
 
 
 def _old(seed: int, events: int) -> OldSystem:
@@ -64,13 +63,7 @@ def check_what_the_manifest_says(old: OldSystem, url: str) -> None:
             d, i = daily.get(key, (0, 0))
             daily[key] = (d + int(row["downloads"]), i + int(row["installs"]))
     want_skills, want_owners, _ = expected_docstats([*processed, *to_skills], old.registry)
-    state = Settings(database_url=url)
-    got_daily, got_hourly = actual_windows(state)
-    got_skills, got_owners = actual_docstats(state)
-    assert nonzero(got_daily) == nonzero(daily)
-    assert nonzero(got_hourly) == nonzero(hourly)
-    assert got_skills == want_skills
-    assert nonzero(got_owners) == nonzero(want_owners)
+    assert_four_tables(url, daily, hourly, want_skills, want_owners)
 
 
 def _day(day: int) -> Any:

@@ -20,15 +20,14 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from skillstats.config import Settings
 from skillstats.contract import EPOCH_2000_MS, MAX_ABS_DELTA, MAX_OCCURRED_AT_MS
 from skillstats.legacy.export import Export, parse_event
 from skillstats.legacy.plan import make_plan
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.migrate import upgrade
 from skillstats.sinks.schema import legacy_manifest
-from tests.helpers import actual_docstats, actual_windows, expected_docstats, expected_windows
-from tests.test_legacy import OldSystem, as_record, imported, legacy, nonzero
+from tests.helpers import assert_four_tables, expected_docstats, expected_windows
+from tests.test_legacy import OldSystem, as_record, imported, legacy
 from tests.test_legacy_marks import _state
 
 EVENTS = "skillStatEvents/documents.jsonl"
@@ -219,13 +218,7 @@ def check_counted_in_range(old: OldSystem, url: str) -> None:
     # The skills: the old totals (the doc sync applied what it reached, out of range or not) plus the rest in range.
     applied_by_the_old = [as_record(e) for e in old.ever if outside(e) and "processedAt" in e]
     want_skills, want_owners, _ = expected_docstats([*inside, *applied_by_the_old], old.registry)
-    state = Settings(database_url=url)
-    got_daily, got_hourly = actual_windows(state)
-    got_skills, got_owners = actual_docstats(state)
-    assert nonzero(got_daily) == nonzero(daily)
-    assert nonzero(got_hourly) == nonzero(hourly)
-    assert got_skills == want_skills
-    assert nonzero(got_owners) == nonzero(want_owners)
+    assert_four_tables(url, daily, hourly, want_skills, want_owners)
 
 
 def test_json_output_of_the_plan_names_them(tmp_path: Path) -> None:

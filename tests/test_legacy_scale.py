@@ -36,8 +36,8 @@ from skillstats_bench.measure import Watched
 from skillstats.config import Settings
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.migrate import upgrade
-from tests.helpers import actual_docstats, actual_windows, expected_docstats, expected_windows, wait_until
-from tests.test_legacy import as_record, manifest_rows, nonzero
+from tests.helpers import actual_docstats, actual_windows, expected_docstats, expected_windows, nonzero, wait_until
+from tests.test_legacy import as_record, manifest_rows
 
 EVENTS = 1_000_000
 # Peak RSS of the import process. Measured on the 2-vCPU machine of docs/performance.md: 109 MiB on SQLite,

@@ -14,11 +14,21 @@ import pytest
 from sqlalchemy import select, update
 
 from skillstats.config import Settings
+from skillstats.lag import LagExporter
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.schema import rebuilds, skill_daily_stats
+from skillstats.status import status as skillstats_status
 from skillstats.workload import generate
 from tests.conftest import settings_env
-from tests.helpers import WorkerProcess, actual_windows, caught_up, expected_windows, publish, wait_until
+from tests.helpers import (
+    WorkerProcess,
+    actual_windows,
+    caught_up,
+    expected_windows,
+    publish,
+    recreate_topic,
+    wait_until,
+)
 from tests.scenario import SKILLS, SteadyPublisher
 
 
@@ -36,6 +46,26 @@ def status(settings: Settings) -> dict[str, object]:
     done = rebuild(settings, "status", "--json")
     assert done.returncode in (0, 1) and done.stdout, done.stderr
     return json.loads(done.stdout)
+
+
+def measured_rebuild_groups(settings: Settings) -> tuple[list[str], set[str]]:
+    """The rebuild groups `skillstats status` lists, and those the lag exporter serves lag series of (role
+    "rebuild")."""
+    listed = [g["group"] for g in skillstats_status(settings).report["groups"] if g["role"] == "rebuild"]
+    exporter = LagExporter(settings, interval=60, timeout=10, open_database=lambda: open_engine(settings.database_url))
+    try:
+        exporter.read_database()
+        exporter.refresh()
+        served = {
+            sample.labels["group"]
+            for family in exporter.collect()
+            if family.name == "skillstats_consumer_lag_records"
+            for sample in family.samples
+            if sample.labels["role"] == "rebuild"
+        }
+    finally:
+        exporter.close()
+    return listed, served
 
 
 def corrupt(settings: Settings, days: list[date], skill: str, extra: int) -> None:
@@ -80,6 +110,9 @@ def test_a_rebuild_swapped_in_under_load_fixes_the_days_it_owns_and_a_rollback_p
     with SteadyPublisher(settings, 400, seed=32) as publisher:
         worker = WorkerProcess(settings, tmp_path / "rebuild.log", "--rebuild")
         wait_until(lambda: worker.assert_alive() or status(settings)["swap_allowed"], 120, "the rebuild caught up")
+        # Measured as the rebuild, beside the live groups: listed by status, its lag served with role "rebuild".
+        group = status(settings)["rebuild"]["group"]  # type: ignore[index]
+        assert measured_rebuild_groups(settings) == ([group], {group})
         compared = rebuild(settings, "diff", "--json")
         assert compared.returncode == 1 and compared.stdout, compared.stdout + compared.stderr
         found = json.loads(compared.stdout)
@@ -96,6 +129,7 @@ def test_a_rebuild_swapped_in_under_load_fixes_the_days_it_owns_and_a_rollback_p
         wait_until(lambda: worker.process.poll() is not None, 60, "the rebuild worker stopped")
         assert worker.process.returncode == 2, worker.log_tail()
         wait_until(lambda: publisher.confirmed_since(0) > 1200, 60, "events arriving after the swap")
+        assert measured_rebuild_groups(settings) == ([], set())
         sent = publisher.stop()
     wait_until(caught_up(settings, settings.windows_group, live), 120, "the live worker caught up after the swap")
     live.assert_alive()
@@ -126,6 +160,98 @@ def test_a_rebuild_swapped_in_under_load_fixes_the_days_it_owns_and_a_rollback_p
     finally:
         engine.dispose()
     assert states == ["previous", "live"]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_record_the_live_database_refused_is_counted_by_the_swap_and_refused_again_only_by_the_swap_back(
+    settings: Settings, tmp_path: Path
+) -> None:
+    from skillstats.kafka import end_offsets
+    from skillstats.rebuild import generations
+    from skillstats.rebuild.log import read_between
+    from skillstats.sinks.rebuild import LIVE_TABLES, add_events
+    from skillstats.sinks.schema import rejected_records
+    from skillstats.sinks.upserts import now_utc_naive
+
+    records = list(generate(1500, now_ms=int(time.time() * 1000), skills=SKILLS, seed=51, days=2))
+    assert publish(settings, records) == len(records)
+    live = WorkerProcess(settings, tmp_path / "live.log")
+    wait_until(caught_up(settings, settings.windows_group, live), 120, "the live worker caught up")
+    assert live.terminate() == 0
+    # The live group's database refused one record: it counts nowhere, and its row says so (a replay's proof).
+    ends = end_offsets(settings, settings.topic)
+    refused = read_between(settings, settings.topic, {p: (0, end) for p, end in ends.items()})[7]
+    engine = open_engine(settings.database_url)
+
+    def refused_rows() -> int:
+        with engine.connect() as connection:
+            return len(connection.execute(select(rejected_records)).all())
+
+    try:
+        with engine.begin() as connection:
+            add_events(connection, LIVE_TABLES, [refused.event], -1, now_utc_naive())
+            connection.execute(
+                rejected_records.insert().values(
+                    group_id=settings.windows_group,
+                    topic=settings.topic,
+                    partition=refused.partition,
+                    offset=refused.offset,
+                    rejected_at=now_utc_naive(),
+                )
+            )
+        without = actual_windows(settings)
+        assert rebuild(settings, "start", "--from-start").returncode == 0
+        worker = WorkerProcess(settings, tmp_path / "rebuild.log", "--rebuild")
+        wait_until(lambda: worker.assert_alive() or status(settings)["gap"] == 0, 120, "the rebuild caught up")
+        assert worker.terminate() == 0
+        swapped = rebuild(settings, "swap", "--confirm", "SWAP")
+        assert swapped.returncode == 0 and "1 record(s) the live group's database had refused" in swapped.stdout
+        assert actual_windows(settings) == expected_windows(records) and refused_rows() == 0
+        # Rolled back half-way (the swap back not made yet): the live tables count the record, so no row says it
+        # was refused; a DLQ replay now would count it twice.
+        rolled = generations.rollback(engine, settings)
+        assert rolled.behind == 0
+        assert actual_windows(settings) == expected_windows(records) and refused_rows() == 0
+        generations.swap(engine, settings)
+        assert actual_windows(settings) == without and refused_rows() == 1
+    finally:
+        engine.dispose()
+
+
+# The topic's id is asked of Kafka, not of the database: the same for either database.
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_swap_status_and_diff_refuse_a_topic_created_again_while_both_workers_were_stopped(
+    settings: Settings, tmp_path: Path
+) -> None:
+    now_ms = int(time.time() * 1000)
+    first = list(generate(2000, now_ms=now_ms, skills=SKILLS, seed=41, days=2))
+    assert publish(settings, first) == len(first)
+    live = WorkerProcess(settings, tmp_path / "live.log")
+    wait_until(caught_up(settings, settings.windows_group, live), 120, "the live worker caught up")
+    assert rebuild(settings, "start", "--from-start").returncode == 0
+    worker = WorkerProcess(settings, tmp_path / "rebuild.log", "--rebuild")
+    wait_until(lambda: worker.assert_alive() or status(settings)["gap"] == 0, 120, "the rebuild at the live fences")
+    assert worker.terminate() == 0
+    # The live group goes on alone: the swap would read the records between the two groups' fences from the log.
+    more = list(generate(500, now_ms=now_ms, skills=SKILLS, seed=42, days=2))
+    assert publish(settings, more) == len(more)
+    wait_until(caught_up(settings, settings.windows_group, live), 120, "the live worker caught up again")
+    assert live.terminate() == 0
+    assert status(settings)["gap"] > 0
+    tables = actual_windows(settings)
+
+    recreate_topic(settings, 12)
+    other = list(generate(3000, now_ms=now_ms, skills=SKILLS, seed=43, days=2))
+    assert publish(settings, other) == len(other)  # the new log holds records at every offset the fences name
+
+    swapped = rebuild(settings, "swap", "--confirm", "SWAP")
+    assert swapped.returncode == 2 and "created again" in swapped.stderr, swapped.stdout + swapped.stderr
+    compared = rebuild(settings, "diff")
+    assert compared.returncode == 2 and "created again" in compared.stderr, compared.stdout + compared.stderr
+    info = status(settings)
+    assert info["failing"] is True and info["swap_allowed"] is False, info
+    assert actual_windows(settings) == tables
+    assert info["rebuild"] is not None  # nothing changed: still building, the live tables as they were
 
 
 def test_a_rebuild_is_refused_when_retention_cut_what_it_needs(settings: Settings) -> None:
@@ -203,7 +329,8 @@ def test_a_rebuild_carries_over_the_days_a_legacy_import_added_to(settings: Sett
 
     from skillstats.sinks.schema import imported_days
     from tests.helpers import expected_windows as windows_of
-    from tests.test_legacy import history_of_a_registry, imported, nonzero
+    from tests.helpers import nonzero
+    from tests.test_legacy import history_of_a_registry, imported
 
     old = history_of_a_registry(5)
     old.move_registry(settings.database_url)

@@ -158,9 +158,21 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             _confirm(args, generations.ROLLBACK_TOKEN, "a rollback replaces the live windows tables")
             rolled = generations.rollback(engine, settings)
             if rolled.behind <= max_gap:
-                print(
-                    f"rolled back: {_swapped(_with_lock_retries(lambda: generations.swap(engine, settings, max_gap)))}"
-                )
+                try:
+                    outcome = _with_lock_retries(lambda: generations.swap(engine, settings, max_gap))
+                except Exception:
+                    # Half a rollback is a state of its own: say it before the swap's error (said below).
+                    print(
+                        f"skillstats rebuild rollback: the previous generation is rebuild {rolled.rebuild.id} again, "
+                        f"building (group {rolled.rebuild.group_id}) from the fences it was swapped out at; the live "
+                        f"tables are the ones it was to replace, unchanged. Swapping it back failed: once the cause "
+                        f"below is gone, `skillstats rebuild swap --confirm SWAP` finishes the rollback "
+                        f"(`skillstats rebuild status` says whether it may; when it says failing, the previous "
+                        f"generation cannot come back and `skillstats rebuild drop --confirm DROP` discards it)",
+                        file=sys.stderr,
+                    )
+                    raise
+                print(f"rolled back: {_swapped(outcome)}")
             else:
                 print(
                     f"the previous generation is rebuild {rolled.rebuild.id} again (group {rolled.rebuild.group_id}), "

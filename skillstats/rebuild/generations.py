@@ -43,6 +43,7 @@ brought it forward.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -54,9 +55,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from skillstats.config import Settings
 from skillstats.contract import MS_PER_DAY, StatEvent
-from skillstats.kafka import TopicIds, watermarks
+from skillstats.kafka import PATIENCE, TopicIds, TopicMissing, watermarks
 from skillstats.rebuild.log import FUTURE_SKEW_MS, first_timestamps, offsets_at, parked_sources, read_between
 from skillstats.rebuild.state import Rebuild, RebuildRefused, building, live_owner, swapped_in
+from skillstats.sinks.db import connected
 from skillstats.sinks.fences import PartitionFences
 from skillstats.sinks.identity import REBUILD, Owner, record
 from skillstats.sinks.rebuild import (
@@ -103,6 +105,10 @@ DROP_TOKEN = "DROP"
 MAX_GAP = 200_000
 # How long the swap waits for a lock (a reader of a live table, a worker's transaction) before trying again.
 LOCK_WAIT_S = 10
+# How long the swap's read of the gap may make no progress (Kafka gone) before it gives up: it holds the fence
+# rows meanwhile, so the live worker's next transaction waits that long too.
+SWAP_READ_STALL_S = 10.0
+_read_under_locks = functools.partial(read_between, timeout=SWAP_READ_STALL_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,8 +238,10 @@ def _new_rebuild(
     starts: Mapping[int, int],
     now: datetime,
     note: str | None = None,
+    restores: str | None = None,
 ) -> int:
-    """A building rebuild's row, its group's fences at `starts` and the rebuild role recorded as its; its id."""
+    """A building rebuild's row, its group's fences at `starts` and the rebuild role recorded as its; its id.
+    `restores`: a rollback's, the live group's refused records its swap gives their rows back (JSON pairs)."""
     result = connection.execute(
         rebuilds.insert().values(
             group_id=group,
@@ -244,6 +252,7 @@ def _new_rebuild(
             state=BUILDING,
             started_at=now,
             note=note,
+            unrejected=restores,
         )
     )
     _begin_group(connection, group, topic, topic_id, starts, now)
@@ -262,25 +271,18 @@ def _begin_group(
 def refuse_unrecorded_imports(connection: Connection | Engine) -> None:
     """RebuildRefused when `legacy import` added windows counts whose days were never recorded (an import run before
     skillstats_imported_days existed): a rebuild would recompute those days without them."""
-
-    def check(c: Connection) -> None:
+    with connected(connection) as c:
         imported = c.execute(
             select(legacy_manifest.c.legacy_id).where(legacy_manifest.c.target.in_(("windows", "history"))).limit(1)
         ).first()
         recorded = c.execute(select(imported_days.c.day).limit(1)).first()
-        if imported is not None and recorded is None:
-            raise RebuildRefused(
-                "`skillstats legacy import` added counts to the windows tables here before the days it adds to were "
-                "recorded (skillstats_imported_days is empty): a rebuild would recompute those days without them. "
-                "Run the same `skillstats legacy import EXPORT --confirm IMPORT_LEGACY` again first: it applies "
-                "nothing twice, and records the days"
-            )
-
-    if isinstance(connection, Engine):
-        with connection.connect() as c:
-            check(c)
-    else:
-        check(connection)
+    if imported is not None and recorded is None:
+        raise RebuildRefused(
+            "`skillstats legacy import` added counts to the windows tables here before the days it adds to were "
+            "recorded (skillstats_imported_days is empty): a rebuild would recompute those days without them. "
+            "Run the same `skillstats legacy import EXPORT --confirm IMPORT_LEGACY` again first: it applies "
+            "nothing twice, and records the days"
+        )
 
 
 def _refuse_if_building(connection: Connection) -> None:
@@ -394,6 +396,26 @@ def swap_problems(connection: Connection, rebuild: Rebuild, live: Owner, max_gap
     return problems, gap
 
 
+def topic_replaced(settings: Settings, rebuild: Rebuild, live: Owner, ids: TopicIds) -> str | None:
+    """Why the topic in Kafka now is not the log both groups' fences were taken on (None: by its id, it is).
+
+    The workers refuse a recreated topic themselves, but a swap or a diff made while both are stopped reads the
+    records between the two groups' fences from the log: a topic deleted and created again under the same name
+    would hand it another log's records at those offsets. KafkaUnreachable when Kafka does not answer."""
+    try:
+        current = ids.get(rebuild.topic)
+    except TopicMissing:
+        return f"topic {rebuild.topic!r} does not exist any more: nothing can be read between the fences"
+    recorded = {i for i in (rebuild.topic_id, live.topic_id) if i is not None}
+    if current is None or recorded <= {current}:
+        return None
+    return (
+        f"topic {rebuild.topic!r} was deleted and created again (its Kafka id is {current} now, the fences were "
+        f"taken on {', '.join(sorted(recorded))}): the records between the fences are gone; `skillstats rebuild "
+        f"drop` the rebuild, and see `skillstats fences --help` for the live group"
+    )
+
+
 def counted_apart(connection: Connection, rebuild: Rebuild, live: Owner) -> tuple[set[tuple[int, int]], ...]:
     """The records each group counts nowhere though their verdict may say valid: (the live group's, the rebuild's).
 
@@ -433,15 +455,27 @@ def swap(
     engine: Engine,
     settings: Settings,
     max_gap: int = MAX_GAP,
-    read: Callable[..., list] = read_between,  # type: ignore[type-arg]
+    read: Callable[..., list] = _read_under_locks,  # type: ignore[type-arg]
 ) -> SwapOutcome:
-    """Swap the building rebuild in (RebuildRefused: it cannot be now; nothing changed)."""
+    """Swap the building rebuild in (RebuildRefused: it cannot be now; nothing changed).
+
+    The topic's id is asked before any lock is taken (a Kafka that does not answer, or a topic created again, is
+    refused without holding up the live worker) and again after the gap is read, inside the transaction: a topic
+    replaced while it read rolls the swap back."""
     now = now_utc_naive()
+    ids = TopicIds(settings)
+    before = building(engine)
+    if before is not None:
+        replaced = topic_replaced(settings, before, live_owner(engine, before.topic), ids)
+        if replaced:
+            raise RebuildRefused(f"rebuild {before.id} cannot be swapped in: {replaced}")
     with engine.begin() as connection:
         _write_lock(connection)
         rebuild = building(connection)
         if rebuild is None:
             raise RebuildRefused("no rebuild is building: `skillstats rebuild start` first")
+        if before is None or rebuild.id != before.id:
+            raise RebuildRefused(f"rebuild {rebuild.id} was started while the swap began: run the swap again")
         if existing(connection, PREVIOUS):
             raise RebuildRefused(
                 "a previous generation (skill_*_stats_previous) is still kept: `skillstats rebuild drop --previous "
@@ -457,6 +491,7 @@ def swap(
             held = list(fences.fences())
             fences.lock(connection, held, now, create_none_of=held)
         lock_live_tables(connection)
+        _restore_rejected(connection, rebuild, live, now)
         problems, gap = swap_problems(connection, rebuild, live, max_gap)
         if problems:
             raise RebuildRefused(f"rebuild {rebuild.id} cannot be swapped in now: " + "; ".join(problems))
@@ -470,6 +505,11 @@ def swap(
         outcome.carried = carry_over(connection, owned)
         unrejected = _settle_rejected(connection, settings, rebuild, live, owned, gap, apart, read)
         outcome.unrejected = len(unrejected)
+        # Everything the swap reads from the log is read: was it the log the fences were taken on? Asked with a
+        # patience that fits SWAP_READ_STALL_S, since the fence rows are held meanwhile.
+        replaced = topic_replaced(settings, rebuild, live, TopicIds(settings, SWAP_READ_STALL_S / PATIENCE))
+        if replaced:
+            raise RebuildRefused(f"rebuild {rebuild.id} cannot be swapped in: {replaced}")
         copy_grants(connection, None, SHADOW)
         rename_generation(connection, None, PREVIOUS)
         rename_generation(connection, SHADOW, None)
@@ -485,6 +525,22 @@ def swap(
         _end_group(connection, rebuild)
         log.info("rebuild %d swapped in at the live fences %s", rebuild.id, gap.live)
         return outcome
+
+
+def _restore_rejected(connection: Connection, rebuild: Rebuild, live: Owner, now: datetime) -> None:
+    """A rollback's swap: the live group's refused records the generation it replaced had made counted get their
+    skillstats_rejected_records rows back (the tables it puts back never counted them)."""
+    restored = [tuple(pair) for pair in json.loads(rebuild.unrejected or "[]")]
+    if not restored:
+        return
+    dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
+    connection.execute(
+        dialect.insert(rejected_records).on_conflict_do_nothing(),
+        [
+            {"group_id": live.group_id, "topic": live.topic, "partition": p, "offset": o, "rejected_at": now}
+            for p, o in restored
+        ],
+    )
 
 
 def _settle_rejected(
@@ -543,8 +599,9 @@ class RollbackOutcome:
 def rollback(engine: Engine, settings: Settings) -> RollbackOutcome:
     """Make the previous generation a rebuild again, at the fences it was swapped out at (then `swap` it back).
 
-    The live group's refused records the swap had made counted get their rows back: the previous generation
-    never counted them. Refused when the log no longer holds a record since those fences (nothing changed)."""
+    The live group's refused records the swap had made counted get their rows back when it is swapped back in
+    (the previous generation never counted them; until then the live tables do). Refused when the log no longer
+    holds a record since those fences (nothing changed)."""
     now = now_utc_naive()
     current = swapped_in(engine)
     if current is None or current.swap_fences is None:
@@ -572,19 +629,19 @@ def rollback(engine: Engine, settings: Settings) -> RollbackOutcome:
         rename_generation(connection, PREVIOUS, SHADOW)
         group = f"{settings.windows_group}-rollback-{now:%Y%m%d%H%M%S}"
         note = f"the generation rebuild {current.id} replaced, rolled back"
+        # The refused records' rows come back with the swap that puts the old tables back, not before: until then
+        # the live tables count those records, and a row would let a DLQ replay count them again.
         rebuild_id = _new_rebuild(
-            connection, group, current.topic, live.topic_id, current.owns_from, current.swap_fences, now, note
+            connection,
+            group,
+            current.topic,
+            live.topic_id,
+            current.owns_from,
+            current.swap_fences,
+            now,
+            note,
+            restores=current.unrejected,
         )
-        restored = [tuple(pair) for pair in json.loads(current.unrejected or "[]")]
-        if restored:
-            dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
-            connection.execute(
-                dialect.insert(rejected_records).on_conflict_do_nothing(),
-                [
-                    {"group_id": live.group_id, "topic": live.topic, "partition": p, "offset": o, "rejected_at": now}
-                    for p, o in restored
-                ],
-            )
         set_state(connection, current.id, PREVIOUS_STATE)
         live_now = fences_of(connection, live.group_id, live.topic)
         behind = sum(max(live_now.get(p, 0) - o, 0) for p, o in current.swap_fences.items())

@@ -130,6 +130,7 @@ def read_between(
     try:
         reader.assign([TopicPartition(topic, p, a) for p, (a, _b) in todo.items()])
         deadline = time.monotonic() + timeout
+        reached = {p: a for p, (a, _b) in todo.items()}
         while todo:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {topic} partitions {sorted(todo)} made no progress for {timeout:g}s")
@@ -169,9 +170,13 @@ def read_between(
                 events.extend(
                     LoggedEvent(p, o, event) for (p, o), event in zip(where, decoded, strict=True) if event is not None
                 )
-            # Past markers: the read's position says how far it has come even when no record is handed over.
+            # Past markers: the read's position says how far it has come even when no record is handed over
+            # (progress too: a long run of aborted records is not a stall).
             if todo:
                 for tp in reader.position([TopicPartition(topic, p) for p in todo]):
+                    if tp.offset > reached.get(tp.partition, -1):
+                        reached[tp.partition] = tp.offset
+                        deadline = time.monotonic() + timeout
                     if tp.offset >= 0 and tp.offset >= todo[tp.partition][1]:
                         todo.pop(tp.partition, None)
         return events

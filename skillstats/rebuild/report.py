@@ -18,8 +18,16 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Table, and_, func, not_, or_, select
 
 from skillstats.config import Settings
-from skillstats.kafka import watermarks
-from skillstats.rebuild.generations import MAX_GAP, Gap, counted_apart, fences_of, gap_events, swap_problems
+from skillstats.kafka import TopicIds, watermarks
+from skillstats.rebuild.generations import (
+    MAX_GAP,
+    Gap,
+    counted_apart,
+    fences_of,
+    gap_events,
+    swap_problems,
+    topic_replaced,
+)
 from skillstats.rebuild.log import first_timestamps, read_between
 from skillstats.rebuild.state import Rebuild, RebuildRefused, building, live_owner, swapped_in
 from skillstats.sinks.rebuild import PREVIOUS, SHADOW, OwnedDays, existing, generation, rows_of
@@ -28,7 +36,7 @@ from skillstats.sinks.upserts import utc_naive
 from skillstats.sinks.windows import Buckets, fold
 
 # Problems no waiting cures: the rebuild must be dropped (status exits 1).
-_FAILING = ("retention deleted", "refused", "was replaced")
+_FAILING = ("retention deleted", "refused", "was replaced", "created again", "does not exist any more")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +136,10 @@ def status(engine: Engine, settings: Settings, max_gap: int = MAX_GAP) -> Status
         newest = connection.execute(
             select(func.max(partition_fences.c.updated_at)).where(partition_fences.c.group_id == rebuild.group_id)
         ).scalar()
+    replaced = topic_replaced(settings, rebuild, live, TopicIds(settings))
+    if replaced:
+        report.problems.append(replaced)
+        return report
     ends = {p: end for p, (_low, end) in watermarks(settings, rebuild.topic).items()}
     behind = {p: f for p, f in gap.rebuild.items() if f < ends.get(p, 0)}
     stamps = first_timestamps(settings, rebuild.topic, behind, ends) if behind else {}
@@ -229,8 +241,13 @@ def diff(
                     f"the rebuild is {gap.records:,} record(s) from the live group's fences, more than --max-gap "
                     f"{max_gap:,}: let its worker catch up first (the diff reads them from the log)"
                 )
+            ids = TopicIds(settings)
+            replaced = topic_replaced(settings, rebuild, live, ids)
             apart = counted_apart(connection, rebuild, live)
-            plus, minus = gap_events(settings, rebuild, owned, gap, apart, read)
+            plus, minus = gap_events(settings, rebuild, owned, gap, apart, read) if not replaced else ([], [])
+            replaced = replaced or topic_replaced(settings, rebuild, live, ids)  # replaced while it read?
+            if replaced:
+                raise RebuildRefused(f"nothing to compare at the live fences: {replaced}")
             live_at = gap.live
             result = Diff(rebuild, owned.describe(), position=dict(live_at))
             hourly_plus, daily_plus = fold(plus)

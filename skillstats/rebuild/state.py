@@ -8,6 +8,7 @@ from datetime import date, datetime
 
 from sqlalchemy import Connection, Engine, select
 
+from skillstats.sinks.db import connected
 from skillstats.sinks.identity import WINDOWS, Owner, owner_of
 from skillstats.sinks.rebuild import BUILDING, LIVE, OwnedDays, owned_days, starts_from_json
 from skillstats.sinks.schema import rebuilds
@@ -30,7 +31,9 @@ class Rebuild:
     swapped_at: datetime | None
     swap_fences: dict[int, int] | None
     note: str | None
-    unrejected: str | None  # JSON: the live group's refused records the swap made counted (a rollback restores)
+    # JSON pairs (partition, offset) of the live group's refused records: those its swap made counted (a live or
+    # previous rebuild: a rollback restores their rows), or, a rollback's while building, those its swap restores.
+    unrejected: str | None
 
     def owned(self, connection: Connection | Engine) -> OwnedDays:
         return owned_days(connection, self.owns_from)
@@ -57,14 +60,9 @@ def _rebuild(row: object) -> Rebuild:
 def latest(connection: Connection | Engine, state: str) -> Rebuild | None:
     """The newest rebuild in `state` (building: there is at most one)."""
 
-    def read(c: Connection) -> Rebuild | None:
+    with connected(connection) as c:
         row = c.execute(select(rebuilds).where(rebuilds.c.state == state).order_by(rebuilds.c.id.desc())).first()
-        return None if row is None else _rebuild(row)
-
-    if isinstance(connection, Engine):
-        with connection.connect() as c:
-            return read(c)
-    return read(connection)
+    return None if row is None else _rebuild(row)
 
 
 def building(connection: Connection | Engine) -> Rebuild | None:
