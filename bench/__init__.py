@@ -17,6 +17,7 @@ One concern per module:
 - `workload`: the workloads (definitions only);
 - `roles`: the consumers run as `python -m skillstats_bench ROLE ...`, each measured in isolation;
 - `measure`: timing a consumer's process (steady rate, CPU, peak RSS), the docsync drain, perf-test;
+- `stages`: the windows sink's stages apart (fetch, decode, fold, SQL), `python -m skillstats_bench stages`;
 - `latency`: publish -> visible in SQL under a steady offered load;
 - `soak`: the windows worker's memory over a long run (`--soak-events`);
 - `report`: the markdown tables;

@@ -157,5 +157,9 @@ def run_role(argv: list[str]) -> None:
         _role_librdkafka_sink(rest[0], rest[1], rest[2], rest[3])
     elif role == "naive-faust":
         _role_naive_faust(rest[0], rest[1], rest[2])
+    elif role == "stages":
+        from .stages import run_stages
+
+        run_stages(rest)
     else:
         raise SystemExit(f"unknown role {role!r}")

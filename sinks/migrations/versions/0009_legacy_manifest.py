@@ -1,6 +1,7 @@
 """`skillstats_legacy_manifest`: what `skillstats legacy import` applied, so a legacy export counts once.
 
-One row per legacy document (its Convex `_id`) and target (`windows`, `skills`, `history`), written in the
+One row per legacy document (its Convex `_id`) and target (`windows`, `skills`, `history`; `skipped` for an
+event outside the contract's ranges that `--skip-out-of-contract` counted nowhere), written in the
 transaction that adds its counts (skillstats/legacy/importer.py): an export imported again, cut off and
 rerun, or followed by a later export holding more rows, applies each document to each target once. It
 grows by one row per imported event and target (about 100 bytes each), for good: the rows are the proof.
