@@ -468,7 +468,9 @@ def recreate_topic(settings: Settings, partitions: int) -> None:
     wait_until(lambda: settings.topic not in admin.list_topics(timeout=10).topics, 60, "the topic to be deleted")
 
     def created() -> bool:
-        future = admin.create_topics([NewTopic(settings.topic, partitions, 1)], operation_timeout=30)[settings.topic]
+        # The broker's default replication (-1): 3 on the fault suite's cluster, whose min.insync.replicas is 2.
+        again = NewTopic(settings.topic, partitions, replication_factor=-1)
+        future = admin.create_topics([again], operation_timeout=30)[settings.topic]
         try:
             future.result(30)
         except KafkaException as exc:

@@ -162,6 +162,7 @@ def test_a_rebuild_swapped_in_under_load_fixes_the_days_it_owns_and_a_rollback_p
     assert states == ["previous", "live"]
 
 
+@pytest.mark.faults  # a slow scenario: the default test run stays inside its 15 minutes
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_record_the_live_database_refused_is_counted_by_the_swap_and_refused_again_only_by_the_swap_back(
     settings: Settings, tmp_path: Path
@@ -218,7 +219,9 @@ def test_a_record_the_live_database_refused_is_counted_by_the_swap_and_refused_a
         engine.dispose()
 
 
-# The topic's id is asked of Kafka, not of the database: the same for either database.
+# The topic's id is asked of Kafka, not of the database: the same for either database. A fault (a topic deleted
+# and created again), and slow: in the fault suite.
+@pytest.mark.faults
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_swap_status_and_diff_refuse_a_topic_created_again_while_both_workers_were_stopped(
     settings: Settings, tmp_path: Path
