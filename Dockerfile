@@ -8,11 +8,12 @@
 # to build and run this very file in the tests; BASE names the base it made).
 #
 # Stage 1 installs skillstats and every pinned dependency (requirements.lock) into a
-# virtualenv at /opt/skillstats; stage 2 copies only that virtualenv onto the same
-# base with just `python3`, without pip or caches (the bytecode pip compiled is kept:
-# a read-only root cannot cache it at start-up), and runs as an
-# unprivileged user. The root filesystem can be mounted read-only: nothing is written
-# outside /tmp (mount an emptyDir there).
+# virtualenv at /opt/skillstats, compiling skillstats' C module (skillstats/_native.c: the
+# per-record hot path) with gcc and the Python headers, which stay in that stage; stage 2
+# copies only that virtualenv onto the same base with just `python3`, without pip or
+# caches (the bytecode pip compiled is kept: a read-only root cannot cache it at
+# start-up), and runs as an unprivileged user. The root filesystem can be mounted
+# read-only: nothing is written outside /tmp (mount an emptyDir there).
 ARG BASE=docker.io/library/debian:bookworm-slim
 
 FROM ${BASE} AS build
@@ -20,12 +21,12 @@ FROM ${BASE} AS build
 # release an upgrade is a security or bug fix that should be taken.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 WORKDIR /src
-COPY pyproject.toml requirements.lock README.md ./
+COPY pyproject.toml setup.py requirements.lock README.md ./
 COPY skillstats ./skillstats
 COPY streams ./streams
 COPY sinks ./sinks

@@ -46,7 +46,7 @@ from typing import Any
 
 from sqlalchemy import bindparam, func, select, update
 
-from skillstats.contract import FIXED_SKILL_DELTAS, Invalid, StatEvent
+from skillstats.contract import FIXED_SKILL_DELTAS, Invalid, StatEvent, native
 from skillstats.sinks.fences import FenceRow, PartitionFences
 from skillstats.sinks.recovery import describe, is_data_error
 from skillstats.sinks.schema import skills, user_skill_stats
@@ -94,6 +94,9 @@ class PartitionDeltas:
             reason = why.reason.value
             self.invalid_reasons[reason] = self.invalid_reasons.get(reason, 0) + 1
         self.invalid += len(invalid)
+        if native is not None:  # the loop below in C (skillstats/_native.c), the same dicts
+            native.fold_skills(events, FIXED_SKILL_DELTAS, self.kinds, self.deltas)
+            return
         kinds = self.kinds
         deltas = self.deltas
         fixed = FIXED_SKILL_DELTAS

@@ -31,16 +31,20 @@ def upsert_adding(
     rows: list[tuple[Any, ...]],
     touched: str,
     now: datetime,
+    ordered: bool = False,
 ) -> None:
     """INSERT ... ON CONFLICT DO UPDATE adding `counters`; each row is its key values, then its counts.
 
     Rows are written in key order: two transactions touching overlapping rows then
-    lock them in the same order and cannot deadlock each other. Keys must be unique
-    within `rows` (they are: rows come out of a fold).
+    lock them in the same order and cannot deadlock each other. They are sorted
+    here unless the caller says they are `ordered` already (the windows sink sorts
+    them while their bucket starts are still ints). Keys must be unique within
+    `rows` (they are: rows come out of a fold).
     """
     if not rows:
         return
-    rows.sort()
+    if not ordered:
+        rows.sort()
     if connection.dialect.name == "postgresql":
         # One statement over arrays: no bound-parameter limit, one round trip, and the
         # server does the row-by-row work (executemany of VALUES lists measured ~2x slower).
@@ -60,34 +64,23 @@ def upsert_adding(
     # backfill. The processors still render the values (so stored text is exactly what
     # SQLAlchemy would store, and conflicts match), but once per distinct value.
     names = [*keys, *counters]
-    renderers = [_renderer(table.c[name].type, connection.dialect) for name in names]
     columns: list[Sequence[Any]] = list(zip(*rows, strict=True))
-    for index, render in enumerate(renderers):
-        if render is not None:
-            columns[index] = list(map(render, columns[index]))
-    touched_render = _renderer(table.c[touched].type, connection.dialect)
-    touched_value = touched_render(now) if touched_render else now
+    for index, name in enumerate(names):
+        process = _bind_processor(table.c[name].type, connection.dialect)
+        if process is not None:
+            # Once per distinct value (key columns repeat a few values), then a C-level map.
+            rendered = {value: process(value) for value in set(columns[index])}
+            columns[index] = list(map(rendered.__getitem__, columns[index]))
+    touched_process = _bind_processor(table.c[touched].type, connection.dialect)
+    touched_value = touched_process(now) if touched_process else now
     # strict=False: the repeat is endless, the columns (all of one length) decide.
     rendered = list(zip(*columns, itertools.repeat(touched_value), strict=False))
     connection.exec_driver_sql(_sqlite_upsert(table, tuple(keys), tuple(counters), touched), rendered)
 
 
-def _renderer(column_type: Any, dialect: Any) -> Callable[[Any], Any] | None:
-    """The column type's bind processor for `dialect`, memoised per value (key columns repeat a few
-    values); None when the type has none (the driver takes the value as it is)."""
-    process = column_type.dialect_impl(dialect).bind_processor(dialect)
-    if process is None:
-        return None
-    cache: dict[Any, Any] = {}
-
-    def render(value: Any) -> Any:
-        try:
-            return cache[value]
-        except KeyError:
-            cache[value] = rendered = process(value)
-            return rendered
-
-    return render
+def _bind_processor(column_type: Any, dialect: Any) -> Callable[[Any], Any] | None:
+    """The column type's bind processor for `dialect`; None when it has none (the driver takes the value as is)."""
+    return column_type.dialect_impl(dialect).bind_processor(dialect)
 
 
 @functools.cache
@@ -120,13 +113,11 @@ def _pg_array_literal(values: Sequence[Any]) -> str | None:
     if kind is int:
         return "{" + ",".join(map(str, values)) + "}"
     if kind is date or kind is datetime:
-        spelled: dict[Any, str] = {}
-        for value in values:
-            if value not in spelled:
-                if getattr(value, "tzinfo", None) is not None:
-                    return None  # str() would carry an offset the timestamp column drops
-                spelled[value] = str(value)  # the ISO form, which PostgreSQL reads whatever its DateStyle
-        return '{"' + '","'.join([spelled[v] for v in values]) + '"}'
+        distinct = set(values)  # a batch spans a few hundred hours or days at most
+        if any(getattr(value, "tzinfo", None) is not None for value in distinct):
+            return None  # str() would carry an offset the timestamp column drops
+        spelled = {value: str(value) for value in distinct}  # the ISO form, read whatever PostgreSQL's DateStyle
+        return '{"' + '","'.join(map(spelled.__getitem__, values)) + '"}'
     return None
 
 

@@ -55,7 +55,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Messa
 from sqlalchemy import insert, update
 
 from skillstats.config import Settings, redact_url
-from skillstats.contract import decode_many
+from skillstats.contract import NATIVE_MISSING, decode_many
 from skillstats.kafka import KafkaUnreachable, TopicMissing
 from skillstats.metrics import METRICS_HOST, Probes, docsync_held, drain_finished, serve
 from skillstats.positions import Positions
@@ -594,6 +594,8 @@ def run(
 
     # Listening before anything can block (opening the database at start-up included).
     threading.Thread(target=on_signals, name="docsync-signals", daemon=True).start()
+    if NATIVE_MISSING:
+        log.warning("%s", NATIVE_MISSING)
     last: list[DrainSummary] = []
     starting = Starting("docsync")
     if every is not None and metrics_port:

@@ -64,6 +64,7 @@ from faust.types import TP
 from sqlalchemy import Engine
 
 from skillstats.config import MaskSecrets, Settings, redact_url
+from skillstats.contract import NATIVE_MISSING
 from skillstats.dlq import DeadLetters
 from skillstats.kafka import KafkaUnreachable, TopicMissing
 from skillstats.metrics import METRICS_HOST, PipelineMetrics, Probes, serve, watch_kafka
@@ -962,6 +963,8 @@ def run(
     """
     kafka = KafkaReach(settings.kafka_bootstrap)
     logging.config.dictConfig(logging_config(log_level, settings.secrets(), kafka))
+    if NATIVE_MISSING:
+        log.warning("%s", NATIVE_MISSING)
     starting = Starting("windows")
     if metrics_port:
         serve(metrics_host, metrics_port, Probes(starting.live, starting.ready))

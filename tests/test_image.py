@@ -226,6 +226,12 @@ def test_the_image_is_unprivileged_and_starts(image: str) -> None:
     )
     record_metric(f"image: `skillstats --help` in a fresh container: {time.monotonic() - begin:.2f} s")
     assert done.returncode == 0 and "windows" in done.stdout, done.stderr
+    # The C module was compiled in the build stage and runs here without a compiler.
+    native = podman(
+        "run", "--rm", "--network", "none", "--read-only", "--read-only-tmpfs=false", "--cap-drop=all",
+        "--entrypoint", "python3", image, "-c", "from skillstats import contract; print(contract.native.__name__)",
+    )  # fmt: skip
+    assert native.returncode == 0 and native.stdout.strip() == "skillstats._native", native.stderr
     record_metric(f"image: {image} is {int(inspected['Size']) / 1e6:.0f} MB")
 
 

@@ -247,3 +247,18 @@ def test_a_fence_moves_over_markers_only_when_a_read_vouches_for_them(sink: Wind
     # A position beyond the fence with nothing read in between vouches for nothing.
     gap = sink.apply([PartitionBatch(0, [9], [downloads(0, range(9, 10))[0].event], 9)])
     assert gap.behind == {0: (5, 9)} and sink.fences() == {0: 5}
+
+
+def test_sqlite_connections_are_set_up_for_the_sink(tmp_path: Path) -> None:
+    """WAL (readers beside the worker), NORMAL sync (durable across a process kill), and a checkpoint every
+    10,000 WAL pages (sinks/db.py says what it costs and gains)."""
+    engine = open_engine(f"sqlite:///{tmp_path / 'tuned.db'}")
+    try:
+        with engine.connect() as connection:
+            pragmas = [
+                connection.exec_driver_sql(f"PRAGMA {name}").scalar()
+                for name in ("journal_mode", "synchronous", "wal_autocheckpoint")
+            ]
+        assert pragmas == ["wal", 1, 10_000]
+    finally:
+        engine.dispose()

@@ -17,13 +17,15 @@ port_taken() {
 }
 
 # A virtualenv with skillstats (editable) and the pinned versions in
-# requirements.lock; re-installed only when pyproject.toml or the lock changes.
+# requirements.lock; re-installed (and the C module rebuilt) when pyproject.toml, the
+# lock, setup.py or skillstats/_native.c changes.
 ensure_python_env() {
   local python=${PYTHON:-python3} stamp
   "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
     || { echo "Python 3.11 or newer is needed ($python is $("$python" --version 2>&1))" >&2; return 1; }
   [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
-  stamp=$venv/.skillstats-$(cat "$repo/pyproject.toml" "$repo/requirements.lock" | sha256sum | cut -c1-16)
+  stamp=$venv/.skillstats-$(cat "$repo/pyproject.toml" "$repo/requirements.lock" "$repo/setup.py" \
+    "$repo/skillstats/_native.c" | sha256sum | cut -c1-16)
   if [[ ! -f $stamp ]]; then
     say "installing Python dependencies into $venv"
     "$venv/bin/pip" install -q --disable-pip-version-check -c "$repo/requirements.lock" -e "${repo}[test]"

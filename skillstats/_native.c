@@ -1,0 +1,782 @@
+/* skillstats._native: the per-record hot path in C (decode's fast path, the windows and docsync folds).
+
+Why C, and why only this: on a backfill a windows worker spent about 1.9 CPU
+seconds per million records in decode_many's Python loop (a msgspec decode,
+then a dozen checks and a StatEvent per record) and 1.3 in the fold, a third
+of its CPU (docs/performance.md, "Where each CPU second goes"). Both are a
+few comparisons per record that the interpreter runs at ~50 ns a bytecode.
+
+What it may decide is deliberately small, so that its correctness is a matter
+of reading it:
+
+- `decode_valid` ACCEPTS records and never rejects one. It reads a strict
+  subset of JSON (an object of the contract's members, each exactly once, with
+  printable-ASCII strings without escapes and integers without fraction or
+  exponent, whitespace anywhere JSON allows it) and applies the contract's
+  checks (docs/contract.md). A record it cannot prove valid that way comes back
+  in `pending`, and skillstats.contract decides it with the same code as
+  before: the Python fast path, then the reference. Every record it accepts is
+  one the reference (orjson + from_mapping) accepts with the same fields;
+  tests/test_native.py checks that against the reference on the hostile corpus
+  and on generated records, and that the verdicts of decode_many are the same
+  with and without this module.
+- `fold_windows` is sinks/windows.py's `fold`, the same dicts out,
+  `bucket_rows` its rows in key order for the upserts, and `fold_skills` the
+  loop of sinks/docstats.py's `PartitionDeltas.add_decoded`.
+
+The folds take a snapshot of the events they are handed (a tuple): reading an
+attribute of something that is not a StatEvent can run Python code, and a
+list changed under a loop over its borrowed items would be read after free.
+Counts add as Python ints do, past 64 bits too.
+
+The cost: a compiler at install time (gcc and the Python headers; the image's
+build stage installs them), and a second implementation of a few small things,
+kept honest by the differential tests. Without the module (an install that
+could not build it, or SKILLSTATS_PURE_PYTHON=1) skillstats.contract and the
+sinks run their Python paths: the same verdicts and counts, more CPU per event.
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#define MAX_VALUE_BYTES (64 * 1024)
+#define MAX_ID_CHARS 128
+#define MAX_ABS_DELTA 1000000000LL
+#define EPOCH_2000_MS 946684800000LL
+#define MAX_OCCURRED_AT_MS 253402300799999LL
+#define MAX_FUTURE_SKEW_MS (10LL * 60 * 1000)
+#define MS_PER_HOUR 3600000LL
+#define MS_PER_DAY 86400000LL
+#define MAX_KINDS 32
+
+typedef struct {
+    const char *bytes;
+    Py_ssize_t length;
+    PyObject *name; /* the str the contract's table holds: every event of a kind shares it */
+    int uses_delta;
+} Kind;
+
+static PyObject *event_type = NULL; /* skillstats.contract.StatEvent */
+static Kind kinds[MAX_KINDS];
+static int kind_count = 0;
+
+/* ---- the strict reader ---------------------------------------------------------------- */
+
+typedef struct {
+    const unsigned char *at;
+    const unsigned char *end;
+} Reader;
+
+static inline void skip_ws(Reader *r) {
+    while (r->at < r->end && (*r->at == ' ' || *r->at == '\t' || *r->at == '\n' || *r->at == '\r'))
+        r->at++;
+}
+
+/* A string of printable ASCII without escapes: its bytes (quotes excluded). 0 if not one. */
+static inline int read_plain_string(Reader *r, const unsigned char **start, Py_ssize_t *length) {
+    if (r->at >= r->end || *r->at != '"')
+        return 0;
+    const unsigned char *p = ++r->at;
+    while (p < r->end) {
+        unsigned char c = *p;
+        if (c == '"') {
+            *start = r->at;
+            *length = p - r->at;
+            r->at = p + 1;
+            return 1;
+        }
+        if (c < 0x20 || c > 0x7e || c == '\\')
+            return 0; /* an escape, a control character or non-ASCII: the Python paths decide */
+        p++;
+    }
+    return 0;
+}
+
+/* An integer literal of at most 18 digits, not followed by a fraction or an exponent. 0 if not one. */
+static inline int read_integer(Reader *r, long long *out) {
+    const unsigned char *p = r->at;
+    int negative = 0;
+    if (p < r->end && *p == '-') {
+        negative = 1;
+        p++;
+    }
+    if (p >= r->end || *p < '0' || *p > '9')
+        return 0;
+    if (*p == '0' && p + 1 < r->end && p[1] >= '0' && p[1] <= '9')
+        return 0; /* a leading zero: not JSON */
+    long long value = 0;
+    int digits = 0;
+    while (p < r->end && *p >= '0' && *p <= '9') {
+        if (++digits > 18)
+            return 0;
+        value = value * 10 + (*p - '0');
+        p++;
+    }
+    if (p < r->end && (*p == '.' || *p == 'e' || *p == 'E'))
+        return 0;
+    r->at = p;
+    *out = negative ? -value : value;
+    return 1;
+}
+
+static inline int expect(Reader *r, unsigned char c) {
+    skip_ws(r);
+    if (r->at < r->end && *r->at == c) {
+        r->at++;
+        return 1;
+    }
+    return 0;
+}
+
+static inline int name_is(const unsigned char *s, Py_ssize_t n, const char *name) {
+    return (Py_ssize_t)strlen(name) == n && memcmp(s, name, (size_t)n) == 0;
+}
+
+enum { F_V = 1, F_EVENT_ID = 2, F_SKILL_ID = 4, F_KIND = 8, F_OCCURRED_AT = 16, F_DELTA = 32 };
+#define F_REQUIRED (F_V | F_EVENT_ID | F_SKILL_ID | F_KIND | F_OCCURRED_AT)
+
+typedef struct {
+    long long v, occurred_at, all_time, current;
+    const unsigned char *event_id, *skill_id, *kind;
+    Py_ssize_t event_id_len, skill_id_len, kind_len;
+    int seen;
+} Wire;
+
+/* `{"all_time": int, "current": int}`, each once, nothing else. */
+static int read_delta(Reader *r, Wire *w) {
+    int seen = 0;
+    if (!expect(r, '{'))
+        return 0;
+    for (;;) {
+        const unsigned char *name;
+        Py_ssize_t n;
+        skip_ws(r);
+        if (!read_plain_string(r, &name, &n) || !expect(r, ':'))
+            return 0;
+        skip_ws(r);
+        if (name_is(name, n, "all_time") && !(seen & 1)) {
+            if (!read_integer(r, &w->all_time))
+                return 0;
+            seen |= 1;
+        } else if (name_is(name, n, "current") && !(seen & 2)) {
+            if (!read_integer(r, &w->current))
+                return 0;
+            seen |= 2;
+        } else {
+            return 0;
+        }
+        if (expect(r, '}'))
+            return seen == 3;
+        if (!expect(r, ','))
+            return 0;
+    }
+}
+
+/* The whole value as one object of the contract's members, each once. 0: the Python paths decide. */
+static int read_wire(const unsigned char *bytes, Py_ssize_t size, Wire *w) {
+    Reader r = {bytes, bytes + size};
+    w->seen = 0;
+    if (!expect(&r, '{'))
+        return 0;
+    for (;;) {
+        const unsigned char *name;
+        Py_ssize_t n;
+        int field;
+        skip_ws(&r);
+        if (!read_plain_string(&r, &name, &n) || !expect(&r, ':'))
+            return 0;
+        skip_ws(&r);
+        if (name_is(name, n, "v"))
+            field = F_V;
+        else if (name_is(name, n, "event_id"))
+            field = F_EVENT_ID;
+        else if (name_is(name, n, "skill_id"))
+            field = F_SKILL_ID;
+        else if (name_is(name, n, "kind"))
+            field = F_KIND;
+        else if (name_is(name, n, "occurred_at"))
+            field = F_OCCURRED_AT;
+        else if (name_is(name, n, "delta"))
+            field = F_DELTA;
+        else
+            return 0; /* a member the contract does not name: valid perhaps, the reference decides */
+        if (w->seen & field)
+            return 0; /* named twice: malformed, the reference says so */
+        w->seen |= field;
+        int ok;
+        switch (field) {
+        case F_V:
+            ok = read_integer(&r, &w->v);
+            break;
+        case F_EVENT_ID:
+            ok = read_plain_string(&r, &w->event_id, &w->event_id_len);
+            break;
+        case F_SKILL_ID:
+            ok = read_plain_string(&r, &w->skill_id, &w->skill_id_len);
+            break;
+        case F_KIND:
+            ok = read_plain_string(&r, &w->kind, &w->kind_len);
+            break;
+        case F_OCCURRED_AT:
+            ok = read_integer(&r, &w->occurred_at);
+            break;
+        default:
+            ok = read_delta(&r, w);
+        }
+        if (!ok)
+            return 0;
+        if (expect(&r, '}'))
+            break;
+        if (!expect(&r, ','))
+            return 0;
+    }
+    skip_ws(&r);
+    return r.at == r.end && (w->seen & F_REQUIRED) == F_REQUIRED;
+}
+
+static PyObject *ascii_str(const unsigned char *bytes, Py_ssize_t length) {
+    PyObject *s = PyUnicode_New(length, 127);
+    if (s != NULL)
+        memcpy(PyUnicode_DATA(s), bytes, (size_t)length);
+    return s;
+}
+
+/* The event for one record, Py_None (borrowed) when it cannot be proven valid here, NULL on an error. */
+static PyObject *decode_one(PyObject *key, PyObject *value, PyObject *timestamp) {
+    if (!PyBytes_CheckExact(value) || !PyBytes_CheckExact(key))
+        return Py_None;
+    Py_ssize_t size = PyBytes_GET_SIZE(value);
+    if (size > MAX_VALUE_BYTES)
+        return Py_None;
+    Wire w = {0};
+    if (!read_wire((const unsigned char *)PyBytes_AS_STRING(value), size, &w))
+        return Py_None;
+    if (w.v != 1 || w.event_id_len < 1 || w.event_id_len > MAX_ID_CHARS || w.skill_id_len < 1 ||
+        w.skill_id_len > MAX_ID_CHARS)
+        return Py_None;
+    if (PyBytes_GET_SIZE(key) != w.skill_id_len || memcmp(PyBytes_AS_STRING(key), w.skill_id, (size_t)w.skill_id_len))
+        return Py_None;
+    const Kind *kind = NULL;
+    for (int i = 0; i < kind_count; i++) {
+        if (kinds[i].length == w.kind_len && memcmp(kinds[i].bytes, w.kind, (size_t)w.kind_len) == 0) {
+            kind = &kinds[i];
+            break;
+        }
+    }
+    if (kind == NULL)
+        return Py_None;
+    if (w.occurred_at < EPOCH_2000_MS || w.occurred_at > MAX_OCCURRED_AT_MS)
+        return Py_None;
+    if (timestamp != Py_None) {
+        if (!PyLong_CheckExact(timestamp))
+            return Py_None;
+        int overflow = 0;
+        long long stamp = PyLong_AsLongLongAndOverflow(timestamp, &overflow);
+        if (overflow != 0 || (stamp == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return Py_None;
+        }
+        if (stamp >= 0 && w.occurred_at - MAX_FUTURE_SKEW_MS > stamp)
+            return Py_None;
+    }
+    int with_delta = (w.seen & F_DELTA) != 0;
+    if (with_delta && (w.all_time > MAX_ABS_DELTA || w.all_time < -MAX_ABS_DELTA || w.current > MAX_ABS_DELTA ||
+                       w.current < -MAX_ABS_DELTA))
+        return Py_None;
+    if (kind->uses_delta && !with_delta)
+        return Py_None;
+    PyObject *args[6] = {NULL, NULL, kind->name, NULL, NULL, NULL};
+    Py_ssize_t nargs = kind->uses_delta ? 6 : 4;
+    PyObject *event = NULL;
+    args[0] = ascii_str(w.event_id, w.event_id_len);
+    args[1] = ascii_str(w.skill_id, w.skill_id_len);
+    args[3] = PyLong_FromLongLong(w.occurred_at);
+    if (kind->uses_delta) {
+        args[4] = PyLong_FromLongLong(w.all_time);
+        args[5] = PyLong_FromLongLong(w.current);
+    }
+    if (args[0] && args[1] && args[3] && (!kind->uses_delta || (args[4] && args[5])))
+        event = PyObject_Vectorcall(event_type, args, (size_t)nargs, NULL);
+    Py_XDECREF(args[0]);
+    Py_XDECREF(args[1]);
+    Py_XDECREF(args[3]);
+    Py_XDECREF(args[4]);
+    Py_XDECREF(args[5]);
+    return event;
+}
+
+PyDoc_STRVAR(decode_valid_doc,
+             "decode_valid(keys, values, timestamps) -> (events, pending)\n\n"
+             "The records this module can prove valid as StatEvents (None elsewhere in `events`), and the\n"
+             "indexes of the others (`pending`), for the Python paths to decide. Three sequences of one length.");
+
+static PyObject *decode_valid(PyObject *self, PyObject *args) {
+    PyObject *key_arg, *value_arg, *timestamp_arg;
+    if (!PyArg_ParseTuple(args, "OOO", &key_arg, &value_arg, &timestamp_arg))
+        return NULL;
+    if (event_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "skillstats._native is not configured");
+        return NULL;
+    }
+    PyObject *events = NULL, *pending = NULL;
+    PyObject *keys = PySequence_Fast(key_arg, "keys must be a sequence");
+    PyObject *values = keys ? PySequence_Fast(value_arg, "values must be a sequence") : NULL;
+    PyObject *timestamps = values ? PySequence_Fast(timestamp_arg, "timestamps must be a sequence") : NULL;
+    if (timestamps == NULL)
+        goto fail;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(values);
+    if (PySequence_Fast_GET_SIZE(keys) != n || PySequence_Fast_GET_SIZE(timestamps) != n) {
+        PyErr_SetString(PyExc_ValueError, "keys, values and timestamps must be of one length");
+        goto fail;
+    }
+    events = PyList_New(n);
+    pending = PyList_New(0);
+    if (events == NULL || pending == NULL)
+        goto fail;
+    /* Items are borrowed: nothing in the loop runs Python code (StatEvent, a msgspec Struct without gc,
+       is built in C, and no allocation here can start the cyclic collector), so the lists cannot change. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *event = decode_one(PySequence_Fast_GET_ITEM(keys, i), PySequence_Fast_GET_ITEM(values, i),
+                                     PySequence_Fast_GET_ITEM(timestamps, i));
+        if (event == NULL)
+            goto fail;
+        if (event == Py_None) {
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(events, i, Py_None);
+            PyObject *index = PyLong_FromSsize_t(i);
+            if (index == NULL || PyList_Append(pending, index) < 0) {
+                Py_XDECREF(index);
+                goto fail;
+            }
+            Py_DECREF(index);
+        } else {
+            PyList_SET_ITEM(events, i, event);
+        }
+    }
+    Py_DECREF(keys);
+    Py_DECREF(values);
+    Py_DECREF(timestamps);
+    return Py_BuildValue("(NN)", events, pending);
+fail:
+    Py_XDECREF(keys);
+    Py_XDECREF(values);
+    Py_XDECREF(timestamps);
+    Py_XDECREF(events);
+    Py_XDECREF(pending);
+    return NULL;
+}
+
+/* ---- the windows fold ------------------------------------------------------------------- */
+
+static PyObject *str_kind, *str_skill_id, *str_occurred_at;
+
+/* before + value as Python's int addition would: a long long sum when it fits, PyNumber_Add otherwise. */
+static PyObject *add_int(PyObject *before, long long value) {
+    int overflow = 0;
+    long long b = PyLong_AsLongLongAndOverflow(before, &overflow);
+    long long sum;
+    if (b == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow == 0 && !__builtin_add_overflow(b, value, &sum))
+        return PyLong_FromLongLong(sum);
+    PyObject *v = PyLong_FromLongLong(value);
+    if (v == NULL)
+        return NULL;
+    PyObject *r = PyNumber_Add(before, v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* counts[key] += values (a list of n ints), the list made when the key is new. 0 on success. */
+static int add_counts(PyObject *counts, PyObject *key, const long long *values, Py_ssize_t n) {
+    PyObject *row = PyDict_GetItemWithError(counts, key); /* borrowed */
+    if (row == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        row = PyList_New(n);
+        if (row == NULL)
+            return -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *count = PyLong_FromLongLong(values[i]);
+            if (count == NULL) {
+                Py_DECREF(row);
+                return -1;
+            }
+            PyList_SET_ITEM(row, i, count);
+        }
+        int failed = PyDict_SetItem(counts, key, row);
+        Py_DECREF(row);
+        return failed;
+    }
+    if (!PyList_CheckExact(row) || PyList_GET_SIZE(row) != n) {
+        PyErr_SetString(PyExc_TypeError, "a row to add to is not a list of the counters");
+        return -1;
+    }
+    Py_INCREF(row); /* PyNumber_Add may run code that drops it from `counts` */
+    for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(row); i++) {
+        PyObject *before = PyList_GET_ITEM(row, i);
+        Py_INCREF(before);
+        PyObject *after = add_int(before, values[i]);
+        Py_DECREF(before);
+        if (after == NULL) {
+            Py_DECREF(row);
+            return -1;
+        }
+        PyList_SetItem(row, i, after); /* steals `after`, releases the old count */
+    }
+    Py_DECREF(row);
+    return 0;
+}
+
+/* counts[key] += value, for a dict of plain ints. 0 on success. */
+static int add_counts_scalar(PyObject *counts, PyObject *key, long long value) {
+    PyObject *before = PyDict_GetItemWithError(counts, key); /* borrowed */
+    PyObject *after;
+    if (before == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        after = PyLong_FromLongLong(value);
+    } else {
+        Py_INCREF(before);
+        after = add_int(before, value);
+        Py_DECREF(before);
+    }
+    if (after == NULL)
+        return -1;
+    int failed = PyDict_SetItem(counts, key, after);
+    Py_DECREF(after);
+    return failed;
+}
+
+static int bucket_add(PyObject *counts, PyObject *skill_id, long long start, long long downloads, long long installs) {
+    PyObject *start_ms = PyLong_FromLongLong(start);
+    if (start_ms == NULL)
+        return -1;
+    PyObject *key = PyTuple_Pack(2, skill_id, start_ms);
+    Py_DECREF(start_ms);
+    if (key == NULL)
+        return -1;
+    long long values[2] = {downloads, installs};
+    int failed = add_counts(counts, key, values, 2);
+    Py_DECREF(key);
+    return failed;
+}
+
+PyDoc_STRVAR(fold_windows_doc,
+             "fold_windows(events, window_deltas) -> (hourly, daily)\n\n"
+             "sinks.windows.fold: {(skill_id, hour start ms): [downloads, installs]} and the same per UTC day.");
+
+static PyObject *fold_windows(PyObject *self, PyObject *args) {
+    PyObject *events, *window;
+    if (!PyArg_ParseTuple(args, "OO!", &events, &PyDict_Type, &window))
+        return NULL;
+    PyObject *seq = PySequence_Tuple(events); /* a snapshot: the loop runs code that may change a list */
+    if (seq == NULL)
+        return NULL;
+    PyObject *hourly = PyDict_New(), *daily = PyDict_New();
+    if (hourly == NULL || daily == NULL)
+        goto fail;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *event = items[i];
+        PyObject *kind = PyObject_GetAttr(event, str_kind);
+        if (kind == NULL)
+            goto fail;
+        PyObject *effect = PyDict_GetItemWithError(window, kind); /* borrowed */
+        Py_DECREF(kind);
+        if (effect == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            continue; /* a kind that counts nothing in the windows */
+        }
+        long long downloads = PyLong_AsLongLong(PyTuple_GET_ITEM(effect, 0));
+        long long installs = PyLong_AsLongLong(PyTuple_GET_ITEM(effect, 1));
+        PyObject *at_obj = PyObject_GetAttr(event, str_occurred_at);
+        if (at_obj == NULL)
+            goto fail;
+        long long at = PyLong_AsLongLong(at_obj);
+        Py_DECREF(at_obj);
+        if (PyErr_Occurred())
+            goto fail;
+        PyObject *skill_id = PyObject_GetAttr(event, str_skill_id);
+        if (skill_id == NULL)
+            goto fail;
+        /* Python's floor modulo: an hour start at or below `at`, for any sign */
+        long long rem = at % MS_PER_HOUR;
+        if (rem < 0)
+            rem += MS_PER_HOUR;
+        long long hour_start;
+        if (__builtin_sub_overflow(at, rem, &hour_start)) {
+            Py_DECREF(skill_id);
+            PyErr_SetString(PyExc_OverflowError, "occurred_at out of range");
+            goto fail;
+        }
+        int failed = bucket_add(hourly, skill_id, hour_start, downloads, installs);
+        Py_DECREF(skill_id);
+        if (failed)
+            goto fail;
+    }
+    Py_ssize_t position = 0;
+    PyObject *key, *row;
+    while (PyDict_Next(hourly, &position, &key, &row)) {
+        long long hour = PyLong_AsLongLong(PyTuple_GET_ITEM(key, 1));
+        long long rem = hour % MS_PER_DAY;
+        if (rem < 0)
+            rem += MS_PER_DAY;
+        long long downloads = PyLong_AsLongLong(PyList_GET_ITEM(row, 0));
+        long long installs = PyLong_AsLongLong(PyList_GET_ITEM(row, 1));
+        long long day_start;
+        if (__builtin_sub_overflow(hour, rem, &day_start)) {
+            PyErr_SetString(PyExc_OverflowError, "occurred_at out of range");
+            goto fail;
+        }
+        if (PyErr_Occurred() || bucket_add(daily, PyTuple_GET_ITEM(key, 0), day_start, downloads, installs))
+            goto fail;
+    }
+    Py_DECREF(seq);
+    return Py_BuildValue("(NN)", hourly, daily);
+fail:
+    Py_DECREF(seq);
+    Py_XDECREF(hourly);
+    Py_XDECREF(daily);
+    return NULL;
+}
+
+/* ---- the windows rows, in key order ----------------------------------------------------- */
+
+typedef struct {
+    PyObject *key; /* (skill id, start), a reference held: `convert` runs Python code */
+    PyObject *skill; /* the key's items */
+    PyObject *start;
+    long long start_ms;
+    PyObject *downloads, *installs; /* the counts as they were before any `convert` ran, references held */
+} Bucket;
+
+/* Python's order of two str (code point by code point), without a call where both are one byte wide. */
+static int compare_str(PyObject *a, PyObject *b) {
+    if (PyUnicode_KIND(a) == PyUnicode_1BYTE_KIND && PyUnicode_KIND(b) == PyUnicode_1BYTE_KIND) {
+        Py_ssize_t la = PyUnicode_GET_LENGTH(a), lb = PyUnicode_GET_LENGTH(b);
+        int c = memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)(la < lb ? la : lb));
+        return c != 0 ? c : (la > lb) - (la < lb);
+    }
+    return PyUnicode_Compare(a, b); /* cannot fail on two str */
+}
+
+static int compare_buckets(const void *x, const void *y) {
+    const Bucket *a = x, *b = y;
+    int c = a->skill == b->skill ? 0 : compare_str(a->skill, b->skill);
+    return c != 0 ? c : (a->start_ms > b->start_ms) - (a->start_ms < b->start_ms);
+}
+
+PyDoc_STRVAR(bucket_rows_doc,
+             "bucket_rows(buckets, convert) -> list\n\n"
+             "sinks.windows.bucket_rows: (skill_id, convert(start), downloads, installs) for each\n"
+             "{(skill_id, start ms): [downloads, installs]}, in (skill_id, start) order; `convert` is called\n"
+             "once per distinct start.");
+
+static PyObject *bucket_rows(PyObject *self, PyObject *args) {
+    PyObject *buckets, *convert;
+    if (!PyArg_ParseTuple(args, "O!O", &PyDict_Type, &buckets, &convert))
+        return NULL;
+    Py_ssize_t n = PyDict_GET_SIZE(buckets);
+    Py_ssize_t position = 0, i = 0, held = 0;
+    Bucket *all = PyMem_Malloc(sizeof(Bucket) * (size_t)(n > 0 ? n : 1));
+    PyObject *converted = PyDict_New(); /* start -> convert(start) */
+    PyObject *rows = NULL;
+    if (all == NULL || converted == NULL) {
+        if (all == NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    PyObject *key, *counts;
+    while (PyDict_Next(buckets, &position, &key, &counts)) {
+        if (!PyTuple_CheckExact(key) || PyTuple_GET_SIZE(key) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(key, 0)) ||
+            !PyLong_CheckExact(PyTuple_GET_ITEM(key, 1)) || !PyList_CheckExact(counts) || PyList_GET_SIZE(counts) != 2) {
+            PyErr_SetString(PyExc_TypeError, "buckets must map (str, int) to [int, int]");
+            goto done;
+        }
+        Py_INCREF(key);
+        all[i].key = key;
+        all[i].downloads = Py_NewRef(PyList_GET_ITEM(counts, 0));
+        all[i].installs = Py_NewRef(PyList_GET_ITEM(counts, 1));
+        held = ++i;
+        all[i - 1].skill = PyTuple_GET_ITEM(key, 0);
+        all[i - 1].start = PyTuple_GET_ITEM(key, 1);
+        all[i - 1].start_ms = PyLong_AsLongLong(all[i - 1].start);
+        if (all[i - 1].start_ms == -1 && PyErr_Occurred())
+            goto done;
+    }
+    n = held;
+    qsort(all, (size_t)n, sizeof(Bucket), compare_buckets);
+    rows = PyList_New(n);
+    if (rows == NULL)
+        goto done;
+    for (i = 0; i < n; i++) {
+        PyObject *value = PyDict_GetItemWithError(converted, all[i].start); /* borrowed */
+        if (value == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            value = PyObject_CallOneArg(convert, all[i].start);
+            if (value == NULL)
+                goto fail;
+            int failed = PyDict_SetItem(converted, all[i].start, value);
+            Py_DECREF(value); /* the dict holds it */
+            if (failed)
+                goto fail;
+        }
+        PyObject *row = PyTuple_Pack(4, all[i].skill, value, all[i].downloads, all[i].installs);
+        if (row == NULL)
+            goto fail;
+        PyList_SET_ITEM(rows, i, row);
+    }
+    goto done;
+fail:
+    Py_CLEAR(rows);
+done:
+    for (i = 0; i < held; i++) {
+        Py_DECREF(all[i].key);
+        Py_DECREF(all[i].downloads);
+        Py_DECREF(all[i].installs);
+    }
+    PyMem_Free(all);
+    Py_XDECREF(converted);
+    return rows;
+}
+
+/* ---- the docsync fold ------------------------------------------------------------------- */
+
+static PyObject *str_delta_all_time, *str_delta_current;
+
+static PyObject *get_int(PyObject *event, PyObject *name, long long *out) {
+    PyObject *value = PyObject_GetAttr(event, name);
+    if (value == NULL)
+        return NULL;
+    *out = PyLong_AsLongLong(value);
+    Py_DECREF(value);
+    return (*out == -1 && PyErr_Occurred()) ? NULL : Py_None;
+}
+
+PyDoc_STRVAR(fold_skills_doc,
+             "fold_skills(events, fixed_skill_deltas, kinds, deltas)\n\n"
+             "sinks.docstats.PartitionDeltas.add_decoded's loop: for each event (None skipped) kinds[kind] += 1 and\n"
+             "deltas[skill_id] += [downloads, installs_all_time, installs_current, 1], in place.");
+
+static PyObject *fold_skills(PyObject *self, PyObject *args) {
+    PyObject *events, *fixed, *kinds_seen, *deltas;
+    if (!PyArg_ParseTuple(args, "OO!O!O!", &events, &PyDict_Type, &fixed, &PyDict_Type, &kinds_seen, &PyDict_Type,
+                          &deltas))
+        return NULL;
+    PyObject *seq = PySequence_Tuple(events); /* a snapshot: the loop runs code that may change a list */
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *event = items[i];
+        if (event == Py_None)
+            continue;
+        PyObject *kind = PyObject_GetAttr(event, str_kind);
+        if (kind == NULL)
+            goto fail;
+        long long values[4] = {0, 0, 0, 1};
+        PyObject *effect = PyDict_GetItemWithError(fixed, kind); /* borrowed */
+        int failed = effect == NULL && PyErr_Occurred();
+        if (!failed)
+            failed = add_counts_scalar(kinds_seen, kind, 1);
+        Py_DECREF(kind);
+        if (failed)
+            goto fail;
+        if (effect != NULL) {
+            for (Py_ssize_t j = 0; j < 3; j++) {
+                values[j] = PyLong_AsLongLong(PyTuple_GET_ITEM(effect, j));
+                if (values[j] == -1 && PyErr_Occurred())
+                    goto fail;
+            }
+        } else if (get_int(event, str_delta_all_time, &values[1]) == NULL ||
+                   get_int(event, str_delta_current, &values[2]) == NULL) {
+            goto fail;
+        }
+        PyObject *skill_id = PyObject_GetAttr(event, str_skill_id);
+        if (skill_id == NULL)
+            goto fail;
+        failed = add_counts(deltas, skill_id, values, 4);
+        Py_DECREF(skill_id);
+        if (failed)
+            goto fail;
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* ---- configuration ---------------------------------------------------------------------- */
+
+PyDoc_STRVAR(configure_doc,
+             "configure(event_type, kinds)\n\n"
+             "The StatEvent type to build, and the contract's kinds: {kind: uses_delta}. Called once by\n"
+             "skillstats.contract, which owns both.");
+
+static PyObject *configure(PyObject *self, PyObject *args) {
+    PyObject *type, *table;
+    if (!PyArg_ParseTuple(args, "OO!", &type, &PyDict_Type, &table))
+        return NULL;
+    if (PyDict_GET_SIZE(table) > MAX_KINDS) {
+        PyErr_SetString(PyExc_ValueError, "too many kinds");
+        return NULL;
+    }
+    for (int i = 0; i < kind_count; i++)
+        Py_CLEAR(kinds[i].name);
+    kind_count = 0;
+    Py_ssize_t position = 0;
+    PyObject *name, *uses_delta;
+    while (PyDict_Next(table, &position, &name, &uses_delta)) {
+        Py_ssize_t length;
+        const char *bytes = PyUnicode_Check(name) ? PyUnicode_AsUTF8AndSize(name, &length) : NULL;
+        if (bytes == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "kinds must be str");
+            return NULL;
+        }
+        Py_INCREF(name);
+        kinds[kind_count].name = name;
+        kinds[kind_count].bytes = bytes; /* owned by `name`, which is kept */
+        kinds[kind_count].length = length;
+        kinds[kind_count].uses_delta = PyObject_IsTrue(uses_delta);
+        kind_count++;
+        if (kinds[kind_count - 1].uses_delta < 0)
+            return NULL;
+    }
+    Py_INCREF(type);
+    Py_XSETREF(event_type, type);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"configure", configure, METH_VARARGS, configure_doc},
+    {"decode_valid", decode_valid, METH_VARARGS, decode_valid_doc},
+    {"fold_windows", fold_windows, METH_VARARGS, fold_windows_doc},
+    {"fold_skills", fold_skills, METH_VARARGS, fold_skills_doc},
+    {"bucket_rows", bucket_rows, METH_VARARGS, bucket_rows_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "skillstats._native",
+    "The per-record hot path in C: decode's fast path and the two folds (see skillstats/_native.c).", -1,
+    methods,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    str_kind = PyUnicode_InternFromString("kind");
+    str_skill_id = PyUnicode_InternFromString("skill_id");
+    str_occurred_at = PyUnicode_InternFromString("occurred_at");
+    str_delta_all_time = PyUnicode_InternFromString("delta_all_time");
+    str_delta_current = PyUnicode_InternFromString("delta_current");
+    if (str_kind == NULL || str_skill_id == NULL || str_occurred_at == NULL || str_delta_all_time == NULL ||
+        str_delta_current == NULL)
+        return NULL;
+    return PyModule_Create(&module);
+}

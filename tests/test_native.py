@@ -1,0 +1,333 @@
+"""skillstats._native (skillstats/_native.c) against the Python code it stands in for.
+
+The C reader may only ACCEPT: every record it turns into an event must be one the
+reference path (orjson and a dict walk) turns into the same event; anything else it
+leaves to the Python paths. The properties here feed it what a strict hand-written
+reader gets wrong (whitespace in every gap, members in any order, escapes, non-ASCII,
+numbers of every shape, one byte inserted, deleted or overwritten) and compare it with
+the reference record by record. tests/test_contract.py and tests/test_hostile_input.py
+run their corpus and properties through `decode`, which is the C reader first; the
+tests below also run the corpus without it, so the Python fast path stays checked
+where the module is missing. The windows fold is compared with its Python twin.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+from unittest import mock
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from skillstats import contract
+from skillstats.contract import (
+    EFFECTS,
+    KINDS,
+    MAX_FUTURE_SKEW_MS,
+    MAX_OCCURRED_AT_MS,
+    WINDOW_DELTAS,
+    StatEvent,
+    decode_many,
+    decode_reference,
+    make_event,
+)
+from skillstats.sinks import docstats, windows
+from skillstats.sinks.docstats import PartitionDeltas
+from tests.hostile_corpus import CORPUS
+from tests.test_contract import NOW, PROPERTY, TIMESTAMPS
+
+native = contract.native
+
+
+def test_the_native_module_is_built() -> None:
+    """The install (the README's commands, the image) builds it: a silent fall back to Python would only
+    show as a slower worker."""
+    assert native is not None and contract.NATIVE_MISSING is None
+    assert windows.native is native and docstats.native is native
+
+
+def accepted(key: bytes | None, value: bytes | None, timestamp: int | None) -> StatEvent | None:
+    """What the C reader alone makes of one record: an event, or None when it leaves it to the Python paths."""
+    assert native is not None
+    events, pending = native.decode_valid([key], [value], [timestamp])
+    assert (events[0] is None) == (pending == [0])
+    return events[0]
+
+
+def check_native(key: bytes | None, value: bytes | None, timestamp: int | None) -> StatEvent | None:
+    event = accepted(key, value, timestamp)
+    if event is not None:
+        assert event == decode_reference(key, value, timestamp), value[:300] if value else value
+        assert event.kind in EFFECTS and event.kind is next(k for k in KINDS if k == event.kind)
+    return event
+
+
+def test_publishers_records_take_the_native_path() -> None:
+    """What make_event writes (every kind, delta or not) never needs the Python paths."""
+    for kind in KINDS:
+        delta = {"delta_all_time": -3, "delta_current": 2} if EFFECTS[kind].uses_delta else {}
+        event = make_event("sk_1", kind, NOW - 5, event_id="e-1", now_ms=NOW, **delta)  # type: ignore[arg-type]
+        assert check_native(b"sk_1", event.encode(), NOW) == event
+
+
+def test_the_corpus_gets_the_reference_verdict_with_and_without_the_native_module(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    records = [(case.key, case.value, case.timestamp) for case in CORPUS]
+    for key, value, stamp in records:
+        check_native(key, value, stamp)
+    keys, values, stamps = (list(column) for column in zip(*records, strict=True))
+    with_native = decode_many(keys, values, stamps)
+    monkeypatch.setattr(contract, "native", None)
+    without = decode_many(keys, values, stamps)
+    assert with_native == without
+    for index, (key, value, stamp) in enumerate(records):
+        reference = decode_reference(key, value, stamp)
+        assert (without[0][index] or dict(without[1])[index]) == reference
+
+
+WS = st.sampled_from(["", "", "", " ", "\n", "\t", "\r\n  "])
+STRINGS = st.one_of(
+    st.sampled_from(["sk_1", "e1", "download", "install_clear", "", "x" * 128, "x" * 129]),
+    st.text(max_size=12),
+    st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1, max_size=20),
+)
+NUMBERS = st.one_of(
+    st.integers(min_value=NOW - 10**6, max_value=NOW + MAX_FUTURE_SKEW_MS + 10**6).map(str),
+    st.sampled_from(
+        ["1", "0", "-0", "01", "1.0", "1e3", "1E3", "-1", "+1", str(MAX_OCCURRED_AT_MS), str(MAX_OCCURRED_AT_MS + 1)]
+    ),
+    st.sampled_from(["946684800000", "946684799999", "1000000000", "-1000000000", "1000000001", "9" * 18, "9" * 19]),
+    st.integers().map(str),
+)
+
+
+def string_token(text: str, escape: bool) -> str:
+    if escape and text:
+        return f'"\\u{ord(text[0]):04x}' + text[1:].replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+ASCII_IDS = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1, max_size=128)
+IN_RANGE = st.integers(min_value=946_684_800_000, max_value=NOW + MAX_FUTURE_SKEW_MS).map(str)
+SMALL = st.integers(min_value=-(10**9), max_value=10**9).map(str)
+
+
+@st.composite
+def written_events(draw: st.DrawFn) -> tuple[bytes, bytes | None, int | None]:
+    """A record text written member by member: the contract's members in any order, whitespace anywhere JSON
+    allows it; half of them valid as written, the other half with some of: members dropped, repeated, added
+    or given values of every shape, escapes, one byte inserted, deleted or overwritten."""
+    hostile = draw(st.booleans())
+
+    def pick(valid: st.SearchStrategy[Any], other: st.SearchStrategy[Any]) -> Any:
+        return draw(other) if hostile and draw(st.integers(0, 3)) == 0 else draw(valid)
+
+    kind = pick(st.sampled_from(KINDS), st.sampled_from(["nope", "Download", "download "]))
+    skill = pick(ASCII_IDS, STRINGS)
+    members: list[tuple[str, str]] = [
+        ("v", pick(st.just("1"), st.sampled_from(["2", "1.0", '"1"', "true", "01", "-0", "1e0"]))),
+        ("event_id", string_token(pick(ASCII_IDS, STRINGS), hostile and draw(st.booleans()))),
+        ("skill_id", string_token(skill, hostile and draw(st.integers(0, 5)) == 0)),
+        ("kind", string_token(kind, hostile and draw(st.integers(0, 5)) == 0)),
+        ("occurred_at", pick(IN_RANGE, NUMBERS)),
+    ]
+    if kind == "install_clear" or draw(st.booleans()):
+        inner = [("all_time", pick(SMALL, NUMBERS)), ("current", pick(SMALL, NUMBERS))]
+        if hostile and draw(st.integers(0, 4)) == 0:
+            inner.append(draw(st.sampled_from(inner)))
+        if hostile and draw(st.integers(0, 4)) == 0:
+            inner.pop(0)
+        w = draw(WS)
+        delta = "{" + ",".join(f'{w}"{k}"{w}:{w}{v}{w}' for k, v in draw(st.permutations(inner))) + "}"
+        members.append(("delta", pick(st.just(delta), st.sampled_from(["null", "[]", "{}", "1"]))))
+    members = draw(st.permutations(members))
+    if hostile and draw(st.integers(0, 4)) == 0:
+        members.append(draw(st.sampled_from(members)))  # a member named twice
+    if hostile and draw(st.integers(0, 4)) == 0:
+        extra = ("extra", draw(st.sampled_from(["1", '"x"', "{}"])))
+        members.insert(draw(st.integers(0, len(members))), extra)
+    if hostile and draw(st.integers(0, 6)) == 0:
+        members.pop(draw(st.integers(0, len(members) - 1)))
+    text = ",".join(f"{draw(WS)}{string_token(k, False)}{draw(WS)}:{draw(WS)}{v}{draw(WS)}" for k, v in members)
+    value = (draw(WS) + "{" + text + "}" + draw(WS)).encode("utf-8", "surrogatepass")
+    if hostile and draw(st.integers(0, 3)) == 0:
+        at = draw(st.integers(0, len(value) - 1))
+        byte = bytes([draw(st.integers(0, 255))])
+        value = draw(
+            st.sampled_from(
+                [value[:at] + value[at + 1 :], value[:at] + byte + value[at:], value[:at] + byte + value[at + 1 :]]
+            )
+        )
+    key: bytes | None = skill.encode("utf-8", "surrogatepass")
+    if hostile and draw(st.integers(0, 4)) == 0:
+        key = draw(st.sampled_from([None, b"sk_1", key + b" "]))
+    return value, key, draw(st.none() | st.just(NOW) | TIMESTAMPS)
+
+
+@PROPERTY
+@given(record=written_events())
+def test_what_the_native_reader_accepts_the_reference_accepts_the_same(
+    record: tuple[bytes, bytes | None, int | None],
+) -> None:
+    value, key, stamp = record
+    check_native(key, value, stamp)
+
+
+def test_a_plain_valid_record_is_taken_whatever_its_layout() -> None:
+    """Whitespace and member order do not send a valid record to the Python paths."""
+    text = b' {\n "occurred_at" : 1764460799000 ,\t"kind":"download", "skill_id":"sk_1","event_id":"e1","v":1 } \r\n'
+    assert check_native(b"sk_1", text, NOW) == StatEvent("e1", "sk_1", "download", NOW - 1000)
+    clear = (
+        b'{"delta":{"current":-1,"all_time":-2},"v":1,"event_id":"e1","skill_id":"sk_1",'
+        b'"kind":"install_clear","occurred_at":1764460799000}'
+    )
+    assert check_native(b"sk_1", clear, NOW) == StatEvent("e1", "sk_1", "install_clear", NOW - 1000, -2, -1)
+
+
+def test_batches_of_any_mix_decode_alike_with_and_without_the_native_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    from skillstats.workload import generate
+
+    records = [(r.key, r.value, NOW) for r in generate(5_000, now_ms=NOW, invalid_ratio=0.2, seed=17)]
+    records += [(case.key, case.value, case.timestamp) for case in CORPUS]
+    random.Random(3).shuffle(records)
+    keys, values, stamps = (tuple(column) for column in zip(*records, strict=True))  # any sequence, not only lists
+    with_native = decode_many(keys, values, stamps)
+    monkeypatch.setattr(contract, "native", None)
+    assert decode_many(keys, values, stamps) == with_native
+    with pytest.raises(ValueError):
+        decode_many([b"sk_1"], [], [NOW])
+
+
+EVENTS = st.builds(
+    StatEvent,
+    event_id=st.just("e"),
+    skill_id=st.sampled_from(["a", "b", "sk_é", "c" * 128]),
+    kind=st.sampled_from(KINDS),
+    occurred_at=st.integers(min_value=946_684_800_000, max_value=MAX_OCCURRED_AT_MS)
+    | st.integers(min_value=NOW - 3 * 86_400_000, max_value=NOW),
+    delta_all_time=st.integers(-(10**9), 10**9),
+    delta_current=st.integers(-(10**9), 10**9),
+)
+
+
+@PROPERTY
+@given(events=st.lists(EVENTS, max_size=60))
+def test_the_native_fold_is_the_python_fold(events: list[StatEvent]) -> None:
+    assert native is not None
+    assert native.fold_windows(events, WINDOW_DELTAS) == windows.fold_python(events)
+    assert windows.fold(events) == windows.fold_python(events)
+
+
+def test_the_fold_refuses_what_is_not_an_event() -> None:
+    assert native is not None
+    bad: list[Any] = [object()]
+    with pytest.raises(AttributeError):
+        native.fold_windows(bad, WINDOW_DELTAS)
+
+
+@PROPERTY
+@given(batches=st.lists(st.lists(st.none() | EVENTS, max_size=30), max_size=4))
+def test_the_native_docsync_fold_is_the_python_fold(batches: list[list[StatEvent | None]]) -> None:
+    """PartitionDeltas.add_decoded, batch after batch into the same partition, with and without the C loop."""
+    with_native = PartitionDeltas(0, 0, 0)
+    without = PartitionDeltas(0, 0, 0)
+    for events in batches:
+        with_native.add_decoded(events, [])
+    with mock.patch.object(docstats, "native", None):
+        for events in batches:
+            without.add_decoded(events, [])
+    assert (with_native.deltas, with_native.kinds) == (without.deltas, without.kinds)
+
+
+BUCKET_SKILLS = st.sampled_from(
+    ["a", "b", "ab", "a\x00", "sk_é", "sk_✓", "sk_\U0001f600", "Z", "", "c" * 128]
+) | st.text(max_size=6)
+
+
+@PROPERTY
+@given(
+    buckets=st.dictionaries(
+        st.tuples(BUCKET_SKILLS, st.integers(-(2**62), 2**62) | st.sampled_from([0, NOW, NOW + 3_600_000])),
+        st.lists(st.integers(-(2**62), 2**62), min_size=2, max_size=2),
+        max_size=40,
+    )
+)
+def test_the_native_rows_are_the_python_rows(buckets: dict[tuple[str, int], list[int]]) -> None:
+    """Same rows, same order (Python's str order, code point by code point, whatever the strings' widths), and
+    `convert` called once per distinct start."""
+    assert native is not None
+    calls: list[int] = []
+
+    def convert(start: int) -> str:
+        calls.append(start)
+        return f"<{start}>"
+
+    rows = native.bucket_rows(buckets, convert)
+    assert sorted(calls) == sorted({start for _s, start in buckets})
+    with mock.patch.object(windows, "native", None):
+        assert rows == windows.bucket_rows(buckets, lambda start: f"<{start}>")
+    assert [(s, f"<{start}>", *counts) for (s, start), counts in sorted(buckets.items())] == rows
+
+
+def test_the_native_rows_refuse_what_is_not_a_bucket() -> None:
+    assert native is not None
+    for wrong in ({("a", 1.5): [1, 2]}, {("a", 1): (1, 2)}, {("a", 1): [1]}, {"a": [1, 2]}):
+        with pytest.raises(TypeError):
+            native.bucket_rows(wrong, str)
+    with pytest.raises(ZeroDivisionError):
+        native.bucket_rows({("a", 1): [1, 2]}, lambda start: 1 / 0)
+
+
+def test_the_folds_survive_events_that_change_the_list_they_are_in() -> None:
+    """An attribute that runs code (not a StatEvent's) and empties the list being folded: the folds read a
+    snapshot, so they count what they were handed (found by a review: the borrowed items were freed)."""
+    assert native is not None
+    events: list[Any] = []
+
+    class Meddling:
+        skill_id = "s"
+        occurred_at = NOW
+        delta_all_time = delta_current = 0
+
+        @property
+        def kind(self) -> str:
+            events.clear()
+            events.extend(object() for _ in range(1000))
+            return "download"
+
+    def fresh() -> list[Any]:
+        events[:] = [Meddling(), *(StatEvent("e", "s", "download", NOW) for _ in range(5))]
+        return events
+
+    hourly, daily = native.fold_windows(fresh(), WINDOW_DELTAS)
+    assert hourly == {("s", NOW - NOW % 3_600_000): [6, 0]} and sum(c[0] for c in daily.values()) == 6
+    kinds: dict[str, int] = {}
+    deltas: dict[str, list[int]] = {}
+    native.fold_skills(fresh(), contract.FIXED_SKILL_DELTAS, kinds, deltas)
+    assert kinds == {"download": 6} and deltas == {"s": [6, 0, 0, 6]}
+
+
+def test_the_docsync_fold_adds_past_64_bits_as_python_does() -> None:
+    """Unreachable by real drains (9e9 clears of 1e9 each), but an int is an int: no wraparound."""
+    for module in (native, None):
+        part = PartitionDeltas(0, 0, 0, deltas={"s": [2**63 - 1, 0, 0, 0]}, kinds={"download": 2**63 - 1})
+        with mock.patch.object(docstats, "native", module):
+            part.add_decoded([StatEvent("e", "s", "download", NOW)], [])
+        assert part.deltas == {"s": [2**63, 0, 0, 1]} and part.kinds == {"download": 2**63}
+
+
+def test_the_native_rows_take_the_counts_before_convert_runs() -> None:
+    """A `convert` that empties the count lists (found by a review: the lists were read after it, past their
+    end) changes nothing in the rows, as in the Python twin."""
+    assert native is not None
+    buckets = {("a", 1): [1, 2], ("b", 2): [3, 4]}
+
+    def meddling(start: int) -> int:
+        for counts in buckets.values():
+            counts.clear()
+        return start
+
+    assert native.bucket_rows(buckets, meddling) == [("a", 1, 1, 2), ("b", 2, 3, 4)]
