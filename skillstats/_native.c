@@ -39,12 +39,14 @@ sinks run their Python paths: the same verdicts and counts, more CPU per event.
 #include <Python.h>
 #include <string.h>
 
-#define MAX_VALUE_BYTES (64 * 1024)
-#define MAX_ID_CHARS 128
-#define MAX_ABS_DELTA 1000000000LL
-#define EPOCH_2000_MS 946684800000LL
-#define MAX_OCCURRED_AT_MS 253402300799999LL
-#define MAX_FUTURE_SKEW_MS (10LL * 60 * 1000)
+#ifndef SOURCE_SHA256
+#define SOURCE_SHA256 "unknown"
+#endif
+
+/* The contract's limits, handed over by configure() from skillstats.contract, their one place: a changed
+   limit can never leave this reader judging by the old one. */
+static long long WIRE_VERSION, MAX_VALUE_BYTES, MAX_ID_CHARS, MAX_ABS_DELTA, EPOCH_2000_MS, MAX_OCCURRED_AT_MS,
+    MAX_FUTURE_SKEW_MS;
 #define MS_PER_HOUR 3600000LL
 #define MS_PER_DAY 86400000LL
 #define MAX_KINDS 32
@@ -251,7 +253,7 @@ static PyObject *decode_one(PyObject *key, PyObject *value, PyObject *timestamp)
     Wire w = {0};
     if (!read_wire((const unsigned char *)PyBytes_AS_STRING(value), size, &w))
         return Py_None;
-    if (w.v != 1 || w.event_id_len < 1 || w.event_id_len > MAX_ID_CHARS || w.skill_id_len < 1 ||
+    if (w.v != WIRE_VERSION || w.event_id_len < 1 || w.event_id_len > MAX_ID_CHARS || w.skill_id_len < 1 ||
         w.skill_id_len > MAX_ID_CHARS)
         return Py_None;
     if (PyBytes_GET_SIZE(key) != w.skill_id_len || memcmp(PyBytes_AS_STRING(key), w.skill_id, (size_t)w.skill_id_len))
@@ -715,14 +717,24 @@ fail:
 /* ---- configuration ---------------------------------------------------------------------- */
 
 PyDoc_STRVAR(configure_doc,
-             "configure(event_type, kinds)\n\n"
-             "The StatEvent type to build, and the contract's kinds: {kind: uses_delta}. Called once by\n"
-             "skillstats.contract, which owns both.");
+             "configure(event_type, kinds, limits)\n\n"
+             "The StatEvent type to build, the contract's kinds ({kind: uses_delta}) and its limits (wire version,\n"
+             "max value bytes, max id chars, max |delta|, earliest and latest occurred_at, future skew, in ms).\n"
+             "Called once by skillstats.contract, which owns all three.");
 
 static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *type, *table;
-    if (!PyArg_ParseTuple(args, "OO!", &type, &PyDict_Type, &table))
+    long long limits[7];
+    if (!PyArg_ParseTuple(args, "OO!(LLLLLLL)", &type, &PyDict_Type, &table, &limits[0], &limits[1], &limits[2],
+                          &limits[3], &limits[4], &limits[5], &limits[6]))
         return NULL;
+    WIRE_VERSION = limits[0];
+    MAX_VALUE_BYTES = limits[1];
+    MAX_ID_CHARS = limits[2];
+    MAX_ABS_DELTA = limits[3];
+    EPOCH_2000_MS = limits[4];
+    MAX_OCCURRED_AT_MS = limits[5];
+    MAX_FUTURE_SKEW_MS = limits[6];
     if (PyDict_GET_SIZE(table) > MAX_KINDS) {
         PyErr_SetString(PyExc_ValueError, "too many kinds");
         return NULL;
@@ -778,5 +790,9 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (str_kind == NULL || str_skill_id == NULL || str_occurred_at == NULL || str_delta_all_time == NULL ||
         str_delta_current == NULL)
         return NULL;
-    return PyModule_Create(&module);
+    PyObject *created = PyModule_Create(&module);
+    /* skillstats.contract compares it with the source beside the module (an editable checkout) */
+    if (created != NULL && PyModule_AddStringConstant(created, "SOURCE_SHA256", SOURCE_SHA256) < 0)
+        Py_CLEAR(created);
+    return created;
 }

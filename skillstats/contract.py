@@ -31,6 +31,7 @@ or deltas from the same bytes.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import time
@@ -38,6 +39,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Final
 
 import msgspec
@@ -56,6 +58,19 @@ except ImportError as exc:
         f"skillstats._native is not built ({exc}): the Python paths run, the same counts at more CPU per "
         "event; install with gcc and the Python headers present (README)"
     )
+# A module built from another source than the one beside it (an editable checkout pulled without reinstalling)
+# would judge by that other code: it is left unused. An installed package has no source beside its module.
+_native_source = Path(native.__file__).with_name("_native.c") if native is not None else None
+if (
+    _native_source is not None
+    and _native_source.is_file()
+    and hashlib.sha256(_native_source.read_bytes()).hexdigest() != getattr(native, "SOURCE_SHA256", None)
+):
+    NATIVE_MISSING = (
+        f"skillstats._native at {native.__file__} was built from another source than {_native_source}: "
+        "the Python paths run; reinstall (pip install -e .) to rebuild it"
+    )
+    native = None
 if native is not None and os.environ.get("SKILLSTATS_PURE_PYTHON", "") not in ("", "0"):
     native = None
     NATIVE_MISSING = "SKILLSTATS_PURE_PYTHON is set: skillstats._native is left unused, the Python paths run"
@@ -195,8 +210,20 @@ class StatEvent(msgspec.Struct, frozen=True, gc=False):
 
 
 if native is not None:
-    # The C reader builds StatEvents and names kinds with the table's own strings.
-    native.configure(StatEvent, {kind: effect.uses_delta for kind, effect in EFFECTS.items()})
+    # The C reader builds StatEvents, names kinds with the table's own strings and judges by these limits.
+    native.configure(
+        StatEvent,
+        {kind: effect.uses_delta for kind, effect in EFFECTS.items()},
+        (
+            WIRE_VERSION,
+            MAX_VALUE_BYTES,
+            MAX_ID_CHARS,
+            MAX_ABS_DELTA,
+            EPOCH_2000_MS,
+            MAX_OCCURRED_AT_MS,
+            MAX_FUTURE_SKEW_MS,
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

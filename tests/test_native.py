@@ -331,3 +331,27 @@ def test_the_native_rows_take_the_counts_before_convert_runs() -> None:
         return start
 
     assert native.bucket_rows(buckets, meddling) == [("a", 1, 1, 2), ("b", 2, 3, 4)]
+
+
+def test_a_module_built_from_another_source_is_left_unused() -> None:
+    """An editable checkout pulled without reinstalling holds a module built from yesterday's _native.c: it
+    runs the Python paths (and says why) rather than judge by yesterday's code; the current one is used."""
+    import subprocess
+    import sys
+
+    assert native is not None and native.SOURCE_SHA256 != "unknown"
+    probe = (
+        "import sys, types\n"
+        "from pathlib import Path\n"
+        "import skillstats\n"
+        "old = types.ModuleType('skillstats._native')\n"
+        "old.__file__ = str(Path(skillstats.__file__).with_name('_native.so'))\n"
+        "old.SOURCE_SHA256 = '0' * 64\n"
+        "sys.modules['skillstats._native'] = old\n"
+        "from skillstats import contract\n"
+        "from skillstats.sinks import windows\n"
+        "print(contract.native is None, windows.native is None, contract.NATIVE_MISSING)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("True True ") and "built from another source" in done.stdout
