@@ -224,12 +224,9 @@ def read_records(settings: Settings, topic: str) -> list[TopicRecord]:
     """Every record of `topic` from the beginning to its current end, with where it is."""
     consumer = Consumer(settings.kafka_config(**{"group.id": "tests-reader", "enable.auto.commit": False}))
     try:
-        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-        wanted: dict[int, int] = {}
-        for partition in metadata.partitions:
-            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-            if high > 0:
-                wanted[partition] = high
+        # The product's own query: it asks again while a partition's leadership moves (a broker just
+        # restarted answers NOT_LEADER_FOR_PARTITION for a while), where a bare query failed the test.
+        wanted = {partition: high for partition, high in end_offsets(settings, topic, timeout=10).items() if high > 0}
         consumer.assign([TopicPartition(topic, p, 0) for p in wanted])
         records = []
         remaining = dict(wanted)
