@@ -69,7 +69,7 @@ def _role_librdkafka_sink(bootstrap: str, topic: str, group: str, database_url: 
     from confluent_kafka import Consumer
 
     from skillstats.sinks.db import open_engine
-    from skillstats.sinks.pipeline import decode_batch
+    from skillstats.sinks.pipeline import COLLECTOR_THRESHOLD, decode_batch
     from skillstats.sinks.windows import WindowsSink
 
     class Fetched(NamedTuple):
@@ -81,7 +81,7 @@ def _role_librdkafka_sink(bootstrap: str, topic: str, group: str, database_url: 
         headers: list[tuple[str, bytes | None]]
 
     gc.freeze()  # as `skillstats windows` runs (streams/windows.py)
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(COLLECTOR_THRESHOLD, 50, 100)
     sink = WindowsSink(open_engine(database_url), group, topic)
     consumer = Consumer(
         {

@@ -7,12 +7,15 @@ process does, and `py-spy record --gil` misses what runs without the
 interpreter's lock (SQLite's own work, librdkafka's). This reads every record
 of TOPIC with a bare confluent-kafka loop (timed: the fetch), holds them in
 memory, then runs the sink's own functions over them in batches of BATCH
-(default 8,000), each stage timed with `time.process_time()`: `decode_many`,
-`fold`, and `write_buckets` in one transaction per batch into a fresh schema at
+(default 50,000: the worker's --batch-size, which a catching-up worker's
+transactions reach, and SQLite's cost per event falls with the batch), each
+stage timed with `time.process_time()`: `decode_many`, `fold`, and
+`write_buckets` in one transaction per batch into a fresh schema at
 DATABASE_URL (SQLite's own work counts there; PostgreSQL's runs in the server).
 The collector is frozen and tuned as the worker does it (streams/windows.py),
 or a million held records would make every stage pay for scanning them.
-docs/performance.md, "Where each CPU second goes", has what it gave.
+docs/performance.md, "Where each CPU second goes" and "Records as aiokafka read
+them", has what it gave.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from skillstats.contract import decode_many
 from skillstats.kafka import end_offsets
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.migrate import upgrade
+from skillstats.sinks.pipeline import COLLECTOR_THRESHOLD
 from skillstats.sinks.schema import skill_daily_stats, skill_hourly_stats
 from skillstats.sinks.upserts import now_utc_naive
 from skillstats.sinks.windows import fold, write_buckets
@@ -69,7 +73,7 @@ def measure(records: list[Record], database_url: str, batch: int) -> dict[str, f
     upgrade(engine)
     gc.collect()
     gc.freeze()
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(COLLECTOR_THRESHOLD, 50, 100)
     spent = {"decode": 0.0, "fold": 0.0, "sql": 0.0}
     tables = (skill_hourly_stats, skill_daily_stats)
     try:
@@ -94,7 +98,7 @@ def measure(records: list[Record], database_url: str, batch: int) -> dict[str, f
 
 def run_stages(argv: list[str]) -> None:
     bootstrap, topic, database_url, *rest = argv
-    batch = int(rest[0]) if rest else 8_000
+    batch = int(rest[0]) if rest else 50_000
     records, fetch = fetch_all(bootstrap, topic)
     spent = measure(records, database_url, batch)
     per_million = 1_000_000 / max(len(records), 1)

@@ -49,10 +49,15 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class FetchedRecord(Protocol):
-    """What the batch drain needs of a record: aiokafka's ConsumerRecord and RawRecord both fit."""
+# The cyclic collector's first-generation threshold in a process that runs this pipeline (the windows worker sets
+# it, and the bench's measurements as the worker runs): streams/windows.py says why.
+COLLECTOR_THRESHOLD = 1_000_000
 
-    partition: int
+
+class FetchedRecord(Protocol):
+    """What the batch drain needs of a record: aiokafka's records as read (streams/windows.py, RecordsAsRead), its
+    ConsumerRecord, and RawRecord all fit (a record's partition is its batch's key)."""
+
     offset: int
     timestamp: int | None
     key: bytes | None

@@ -17,6 +17,7 @@ An unknown exception is treated as transient too: it stalls the partition
 
 from __future__ import annotations
 
+import gc
 import logging
 import sqlite3
 import threading
@@ -198,6 +199,10 @@ def apply_with_recovery(
                 log.debug("database error, retry %d of a batch of %d: %s", attempt + 1, size, describe(exc))
                 outcome.retries += 1
                 pending.append((chunk, refused))
+                # A failed statement leaves its parameters (the batch's rows) in a reference cycle through
+                # the exception's traceback, which only the cyclic collector frees; the windows worker runs
+                # it rarely (streams/windows.py), so each retry collects what the previous ones left.
+                gc.collect()
                 if backoff.sleep(attempt, stop):
                     raise Abandoned("shutdown while retrying a batch") from exc
                 attempt += 1

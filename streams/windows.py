@@ -40,6 +40,7 @@ Kafka's committed offsets (docs/contract.md, exactly once):
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import gc
 import itertools
@@ -75,7 +76,7 @@ from skillstats.retry import Backoff, Outage
 from skillstats.shutdown import DEFAULT_BUDGET_S, ShutdownWatchdog, batch_budget
 from skillstats.sinks.fences import FenceAheadOfLog
 from skillstats.sinks.identity import REBUILD, WINDOWS, IdentityMismatch, Owner, commit_metadata_for
-from skillstats.sinks.pipeline import BatchSink, Chunk, Ownership, WindowsPipeline
+from skillstats.sinks.pipeline import COLLECTOR_THRESHOLD, BatchSink, Chunk, Ownership, WindowsPipeline
 from skillstats.sinks.rebuild import RebuildSink
 from skillstats.sinks.recovery import describe
 from skillstats.sinks.windows import WindowsSink
@@ -473,6 +474,31 @@ async def _seek_in_thread(consumer: Any, targets: Mapping[TP, int], steps: Any) 
     return assignment, next(steps), done
 
 
+def _as_read(_tp: Any, record: Any) -> Any:
+    return record
+
+
+class RecordsAsRead(collections.OrderedDict):  # type: ignore[type-arg]
+    """aiokafka's buffer of fetched partitions (its Fetcher's `_records`), handing on each record as aiokafka read
+    it from the batch rather than as a ConsumerRecord.
+
+    For every record aiokafka builds a ConsumerRecord, a dataclass of eleven fields filled in Python
+    (`PartitionRecords._consumer_record`), then this worker reads five of them once: with the GC-tracked object
+    it leaves behind per record, that was a tenth of a backfill's CPU. The record aiokafka read (its C
+    `DefaultRecord`, or the legacy formats' record) has the same five (`offset`, `timestamp`, `key`, `value`,
+    `headers`, the FetchedRecord protocol of sinks/pipeline.py), so each partition's records are handed on as
+    they are, set per partition as aiokafka adds it here (the one place it does), only when no deserializer is
+    configured (faust configures none). aiokafka's own work is untouched: transaction markers and aborted
+    records are skipped and the position kept as before. tests/test_faust_pins.py checks the members relied on.
+    """
+
+    def __setitem__(self, tp: Any, result: Any) -> None:
+        records = getattr(result, "_partition_records", None)
+        if records is not None and records._key_deserializer is None and records._value_deserializer is None:
+            records._consumer_record = _as_read
+        super().__setitem__(tp, result)
+
+
 class Fetch(NamedTuple):
     """What `_fetch_in_thread` found."""
 
@@ -494,6 +520,8 @@ async def _fetch_in_thread(consumer: Any, partitions: set[TP], timeout: float, m
     if consumer._closed or fetcher._closed:
         raise ConsumerStoppedError()
     lost: set[int] = set()
+    if type(fetcher._records) is not RecordsAsRead:
+        fetcher._records = RecordsAsRead(fetcher._records)
     with fetcher._subscriptions.fetch_context():
         try:
             records = await fetcher.fetched_records(
@@ -984,13 +1012,22 @@ def run(
     engine, owner = ready
     app = build_app(settings, engine=engine, owner=owner, kafka=kafka, **options)
     starting.delegate(app.live, app.ready)
-    # aiokafka allocates a GC-tracked record object per message, so at the default
-    # threshold (700) the cyclic collector ran every few hundred records and cost
-    # ~15% of throughput (measured alternately: 112-128k vs 137-145k events/s).
-    # Almost nothing here forms cycles; refcounting frees it. freeze() keeps the
-    # import-time heap out of the full collections that still run.
+    # aiokafka allocates GC-tracked objects per record (the record and its header
+    # list), so at the default threshold (700) the cyclic collector ran every few
+    # hundred records and cost ~15% of throughput. Almost nothing here forms cycles;
+    # refcounting frees it. The first generation's threshold counts tracked objects
+    # allocated and not yet freed, and a batch in the database plus the next one
+    # pending keep about four per record alive: at a fixed 100,000, every batch of
+    # 50,000 set off a collection that walked the live batches and found nothing
+    # (24 of them over a 1,000,000-event backfill, 0.36-0.45 CPU s). 1,000,000 is
+    # twenty per record of a default batch, above what batches keep alive, and
+    # fixed (a larger --batch-size collects more often, never holds more garbage).
+    # The cycles that do form hold little, but for a failed statement's (a batch's
+    # parameters, through the exception's traceback): the sink's retry collects
+    # those each time (sinks/recovery.py). freeze() keeps the import-time heap out
+    # of the full collections.
     gc.freeze()
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(COLLECTOR_THRESHOLD, 50, 100)
     worker = faust.Worker(
         app, loglevel=log_level, quiet=True, logging_config=logging_config(log_level, settings.secrets(), kafka)
     )

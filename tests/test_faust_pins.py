@@ -14,12 +14,19 @@ import asyncio
 import inspect
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import aiokafka
 from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as aiokafka_driver
 
-from skillstats.streams.windows import PARTITION_FETCH_MIB, FencedConsumer, ReadCommittedConsumerThread, WindowsApp
+from skillstats.streams.windows import (
+    PARTITION_FETCH_MIB,
+    FencedConsumer,
+    ReadCommittedConsumerThread,
+    RecordsAsRead,
+    WindowsApp,
+)
 
 
 def test_versions_are_the_pinned_ones() -> None:
@@ -76,6 +83,64 @@ def test_aiokafka_hands_records_only_from_the_position_in_the_current_assignment
     assert {"tps", "active"} <= {n for n, v in vars(subscription_state.Assignment).items() if isinstance(v, property)}
     assert inspect.iscoroutinefunction(fetcher.Fetcher.fetched_records)
     assert "fetch_context" in vars(subscription_state.SubscriptionState)
+
+
+def _partition_records(key_deserializer: Any = None) -> Any:
+    """aiokafka's PartitionRecords over one real v2 batch of three records (one with headers, one without a key)."""
+    from aiokafka.consumer import fetcher
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+    from aiokafka.record.memory_records import MemoryRecords
+
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
+    builder.append(0, timestamp=1_700_000_000_000, key=b"skill-1", value=b"{}", headers=[])
+    builder.append(1, timestamp=1_700_000_000_001, key=None, value=b"[]", headers=[("replayed-from", b"t/0@5")])
+    builder.append(2, timestamp=1_700_000_000_002, key=b"skill-2", value=None, headers=[])
+    tp = aiokafka.TopicPartition("t", 3)
+    return fetcher.PartitionRecords(
+        tp, MemoryRecords(bytes(builder.build())), [], 1, key_deserializer, None, True, fetcher.READ_COMMITTED
+    )
+
+
+def test_records_as_read_carry_what_consumer_records_would() -> None:
+    """RecordsAsRead (streams/windows.py) hands on the records aiokafka read instead of the ConsumerRecords it
+    would build from them: the same offsets, timestamps, keys, values and headers, from the position on (the
+    record below it skipped as before), and the position moved as before; only where no deserializer is set.
+    The members it relies on: the Fetcher adds each partition's records to its `_records` (an OrderedDict made
+    once) by item assignment, and PartitionRecords builds each record through `self._consumer_record`."""
+    from aiokafka.consumer import fetcher
+    from aiokafka.structs import ConsumerRecord
+
+    assert "self._records = collections.OrderedDict()" in inspect.getsource(fetcher.Fetcher.__init__)
+    assert "self._records[tp] = FetchResult(" in inspect.getsource(fetcher.Fetcher._proc_fetch_request)
+    assert "self._consumer_record(tp, record)" in inspect.getsource(fetcher.PartitionRecords._unpack_records)
+
+    built = _partition_records()
+    expected = list(built)
+    assert all(isinstance(r, ConsumerRecord) for r in expected) and [r.offset for r in expected] == [1, 2]
+
+    buffer = RecordsAsRead()
+    read = _partition_records()
+    tp = aiokafka.TopicPartition("t", 3)
+    buffer[tp] = fetcher.FetchResult(tp, assignment=None, partition_records=read, backoff=0)
+    as_read = list(read)
+    assert not any(isinstance(r, ConsumerRecord) for r in as_read)
+    assert [(r.offset, r.timestamp, r.key, r.value, tuple(r.headers)) for r in as_read] == [
+        (r.offset, r.timestamp, r.key, r.value, tuple(r.headers)) for r in expected
+    ]
+    assert read.next_fetch_offset == built.next_fetch_offset == 3
+
+    deserialized = _partition_records(key_deserializer=lambda key: key and key.upper())
+    buffer[tp] = fetcher.FetchResult(tp, assignment=None, partition_records=deserialized, backoff=0)
+    records = list(deserialized)
+    assert all(isinstance(r, ConsumerRecord) for r in records) and [r.key for r in records] == [None, b"SKILL-2"]
 
 
 def test_with_auto_offset_reset_none_aiokafka_reports_instead_of_resetting() -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import sqlite3
 import threading
 import uuid
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, select, text
@@ -252,3 +255,36 @@ def test_a_waiting_dependency_is_warned_once_reminded_sparsely_and_its_return_sa
     assert [(level, m) for level, m in lines if "answer; starting" in m] == [
         ("WARNING", "Kafka and the database answer; starting (after 22 attempt(s))")
     ]
+
+
+def test_each_retry_collects_what_the_failed_attempts_left_in_reference_cycles(tmp_path: Path) -> None:
+    """A failed statement leaves its parameters in a cycle through the exception's traceback; the windows worker
+    runs the cyclic collector rarely, so the retry collects: what earlier attempts left is gone by the next one
+    (here with the collector off altogether, an object in a cycle per failed attempt)."""
+
+    class Left:
+        cycle: object = None
+
+    left: list[weakref.ref[Left]] = []
+    engine = open_engine(f"sqlite:///{tmp_path / 'w.db'}")
+    upgrade(engine)
+    sink = WindowsSink(engine, "g", "t")
+    apply = sink.apply
+
+    def failing_three_times(*args: Any, **kwargs: Any) -> ApplyOutcome:
+        if len(left) < 3:
+            garbage = Left()
+            garbage.cycle = garbage
+            left.append(weakref.ref(garbage))
+            raise sqlite_error(tmp_path, "INSERT INTO missing VALUES (1)")
+        return apply(*args, **kwargs)
+
+    sink.apply = failing_three_times  # type: ignore[method-assign]
+    gc.disable()
+    try:
+        outcome = apply_with_recovery(sink, downloads(0, range(3)), lambda r, _e: None, backoff=Backoff(0.01, 0.01))
+    finally:
+        gc.enable()
+        engine.dispose()
+    assert (outcome.applied, outcome.retries) == (3, 3)
+    assert [ref() is None for ref in left[:2]] == [True, True]
