@@ -9,8 +9,8 @@ of TOPIC with a bare confluent-kafka loop (timed: the fetch), holds them in
 memory, then runs the sink's own functions over them in batches of BATCH
 (default 50,000: the worker's --batch-size, which a catching-up worker's
 transactions reach, and SQLite's cost per event falls with the batch), each
-stage timed with `time.process_time()`: `decode_many`, `fold`, and
-`write_buckets` in one transaction per batch into a fresh schema at
+stage timed with `time.process_time()`: `decode_many`, `fold_rows`, and
+`write_rows` in one transaction per batch into a fresh schema at
 DATABASE_URL (SQLite's own work counts there; PostgreSQL's runs in the server).
 The collector is frozen and tuned as the worker does it (streams/windows.py),
 or a million held records would make every stage pay for scanning them.
@@ -33,7 +33,7 @@ from skillstats.sinks.migrate import upgrade
 from skillstats.sinks.pipeline import COLLECTOR_THRESHOLD
 from skillstats.sinks.schema import skill_daily_stats, skill_hourly_stats
 from skillstats.sinks.upserts import now_utc_naive
-from skillstats.sinks.windows import fold, write_buckets
+from skillstats.sinks.windows import fold_rows, write_rows
 
 Record = tuple[bytes | None, bytes | None, int | None]
 
@@ -83,10 +83,10 @@ def measure(records: list[Record], database_url: str, batch: int) -> dict[str, f
             t0 = time.process_time()
             events, _invalid = decode_many(keys, values, stamps)  # type: ignore[arg-type]
             t1 = time.process_time()
-            folded = fold([e for e in events if e is not None])
+            folded = fold_rows([e for e in events if e is not None])
             t2 = time.process_time()
             with engine.begin() as connection:
-                write_buckets(connection, tables, folded, now_utc_naive())
+                write_rows(connection, tables, folded, now_utc_naive())
             t3 = time.process_time()
             spent["decode"] += t1 - t0
             spent["fold"] += t2 - t1

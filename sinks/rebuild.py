@@ -34,7 +34,7 @@ from skillstats.sinks.batch import PartitionBatch, Prepared
 from skillstats.sinks.db import connected
 from skillstats.sinks.identity import IdentityMismatch
 from skillstats.sinks.schema import imported_days, rebuild_skips, rebuilds, skill_daily_stats, skill_hourly_stats
-from skillstats.sinks.windows import Buckets, WindowsSink, fold, write_buckets
+from skillstats.sinks.windows import WindowRows, WindowsSink, fold, write_buckets
 
 SHADOW: Final = "rebuild"  # table suffixes
 PREVIOUS: Final = "previous"
@@ -156,7 +156,7 @@ class RebuildSink(WindowsSink):
         events = [None if o in skip else e for o, e in zip(part.offsets, part.events, strict=True)]
         return PartitionBatch(part.partition, part.offsets, events, part.since, part.until)
 
-    def fold(self, events: list[StatEvent]) -> tuple[Buckets, Buckets]:
+    def fold(self, events: list[StatEvent]) -> WindowRows:
         owns = self.owned.owns_ms
         return super().fold([event for event in events if owns(event.occurred_at)])
 

@@ -14,6 +14,8 @@ from skillstats.sinks.schema import skill_daily_stats, skill_hourly_stats
 from skillstats.sinks.upserts import upsert_adding, utc_naive
 
 Buckets = dict[tuple[str, int], list[int]]  # (skill id, bucket start ms) -> [downloads, installs]
+Row = tuple[str, Any, int, int]  # (skill id, hour as a naive UTC datetime or day as a date, downloads, installs)
+WindowRows = tuple[list[Row], list[Row]]  # (hourly, daily), each in (skill id, start) order: the upserts' order
 
 
 class WindowsSink(FencedSink):
@@ -22,28 +24,36 @@ class WindowsSink(FencedSink):
     # The tables written: (hourly, daily); a rebuild's sink writes its shadow tables (sinks/rebuild.py).
     tables: Any = (skill_hourly_stats, skill_daily_stats)
 
-    def fold(self, events: list[StatEvent]) -> tuple[Buckets, Buckets]:
-        return fold(events)
+    def fold(self, events: list[StatEvent]) -> WindowRows:
+        return fold_rows(events)
 
     def write(self, connection: Connection, folded: Any, now: datetime) -> dict[str, int]:
-        return write_buckets(connection, self.tables, folded, now)
+        return write_rows(connection, self.tables, folded, now)
+
+
+def fold_rows(events: list[StatEvent]) -> WindowRows:
+    """The rows `events` add to the windows tables: `rows_of(fold(events))`, the sink's fold.
+
+    In C where skillstats._native is built (skillstats/_native.c `window_rows`):
+    each event's effect is added to a C table keyed by (skill, hour), its slots
+    sorted, and the days summed from the sorted hours in the same pass, so no
+    Python object is made per event or per bucket, only the rows themselves.
+    The dicts of `fold` cost a key tuple, an int and a list per bucket, and a
+    backfill's batch is nearly one bucket per event (docs/performance.md, "The
+    windows rows in one C pass"). tests/test_native.py checks both give the
+    same rows.
+    """
+    if native is not None:
+        return native.window_rows(events, WINDOW_DELTAS, utc_naive, _utc_date)  # type: ignore[no-any-return]
+    return rows_of(fold(events))
 
 
 def fold(events: list[StatEvent]) -> tuple[Buckets, Buckets]:
-    """Per-(skill, hour) and per-(skill, day) counts of `events` (the kinds' window effects).
+    """Per-(skill, hour) and per-(skill, day) counts of `events` (the kinds' window effects), keyed by start ms.
 
-    In C where skillstats._native is built (the same loop: skillstats/_native.c),
-    in Python where it is not; tests/test_native.py checks both give the same
-    dicts. The C loop gains little (the work is the dict's tuples and lists either
-    way: docs/performance.md, "The hot path in C").
+    What a rebuild's comparison and corrections work with (skillstats/rebuild,
+    sinks/rebuild.py), and the reference for `fold_rows`.
     """
-    if native is not None:
-        return native.fold_windows(events, WINDOW_DELTAS)
-    return fold_python(events)
-
-
-def fold_python(events: list[StatEvent]) -> tuple[Buckets, Buckets]:
-    """`fold` without skillstats._native."""
     # Per event only the hour; days are summed from the hours afterwards (a UTC day
     # is whole UTC hours), so the per-event dict work is done once, not twice: on
     # a live stream a batch of thousands of events folds into a few hundred hours.
@@ -73,49 +83,38 @@ def fold_python(events: list[StatEvent]) -> tuple[Buckets, Buckets]:
     return hourly, daily
 
 
-def write_buckets(connection: Connection, tables: Any, folded: Any, now: datetime) -> dict[str, int]:
-    """Add folded counts to `tables` (hourly, daily); rows written per table."""
+def rows_of(folded: tuple[Buckets, Buckets]) -> WindowRows:
+    """The rows of `fold`'s buckets, in the upserts' order."""
     hourly, daily = folded
-    hourly_rows = bucket_rows(hourly, utc_naive)
-    daily_rows = bucket_rows(daily, _utc_date)
+    return bucket_rows(hourly, utc_naive), bucket_rows(daily, _utc_date)
+
+
+def write_buckets(
+    connection: Connection, tables: Any, folded: tuple[Buckets, Buckets], now: datetime
+) -> dict[str, int]:
+    """Add `fold`'s counts to `tables` (hourly, daily); rows written per table."""
+    return write_rows(connection, tables, rows_of(folded), now)
+
+
+def write_rows(connection: Connection, tables: Any, rows: WindowRows, now: datetime) -> dict[str, int]:
+    """Add `fold_rows`'s rows to `tables` (hourly, daily); rows written per table."""
     counters = ("downloads", "installs")
-    hourly_table, daily_table = tables
-    upsert_adding(
-        connection,
-        hourly_table,
-        ("skill_id", "hour"),
-        counters,
-        hourly_rows,
-        "updated_at",
-        now,
-        ordered=True,
-    )
-    upsert_adding(
-        connection,
-        daily_table,
-        ("skill_id", "day"),
-        counters,
-        daily_rows,
-        "updated_at",
-        now,
-        ordered=True,
-    )
-    return {hourly_table.name: len(hourly), daily_table.name: len(daily)}
+    written: dict[str, int] = {}
+    for table, key, table_rows in zip(tables, ("hour", "day"), rows, strict=True):
+        upsert_adding(connection, table, ("skill_id", key), counters, table_rows, "updated_at", now, ordered=True)
+        written[table.name] = len(table_rows)
+    return written
 
 
-def bucket_rows(buckets: Buckets, convert: Callable[[int], Any]) -> list[tuple[Any, ...]]:
+def bucket_rows(buckets: Buckets, convert: Callable[[int], Any]) -> list[Row]:
     """(skill id, convert(bucket start), downloads, installs) per bucket, in (skill id, start) order.
 
     The order is the upserts' (upsert_adding is told the rows are in it), and is
     taken while the start is still an int: CPython's sort compares a list whose
     first items are all str on a fast path, and ties then compare ints, not
-    datetimes (sorting the (key, counts) items instead was 15% of a backfill).
-    `convert` runs once per distinct start (a batch spans a few hundred at most).
-    In C where skillstats._native is built: one pass instead of three
-    comprehensions and a sort, about a tenth of a backfill's interpreter time.
+    datetimes. `convert` runs once per distinct start (a batch spans a few
+    hundred at most).
     """
-    if native is not None:
-        return native.bucket_rows(buckets, convert)
     rows = [(s, start, d, i) for (s, start), (d, i) in buckets.items()]
     rows.sort()
     starts = {start: convert(start) for start in {start for _s, start in buckets}}

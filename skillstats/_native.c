@@ -20,14 +20,17 @@ of reading it:
   tests/test_native.py checks that against the reference on the hostile corpus
   and on generated records, and that the verdicts of decode_many are the same
   with and without this module.
-- `fold_windows` is sinks/windows.py's `fold`, the same dicts out,
-  `bucket_rows` its rows in key order for the upserts, and `fold_skills` the
-  loop of sinks/docstats.py's `PartitionDeltas.add_decoded`.
+- `window_rows` is sinks/windows.py's `fold_rows`: the windows' rows in key
+  order for the upserts, the same as `rows_of(fold(...))` in Python; and
+  `fold_skills` the loop of sinks/docstats.py's `PartitionDeltas.add_decoded`.
 
 The folds take a snapshot of the events they are handed (a tuple): reading an
 attribute of something that is not a StatEvent can run Python code, and a
 list changed under a loop over its borrowed items would be read after free.
-Counts add as Python ints do, past 64 bits too.
+The docsync fold's counts add as Python ints do, past 64 bits too (its deltas
+come from the records). The windows rows add the kinds' fixed effects in C
+ints: a batch's sum is at most its length, and one past 64 bits (unreachable)
+raises OverflowError rather than wrap.
 
 The cost: a compiler at install time (gcc and the Python headers; the image's
 build stage installs them), and a second implementation of a few small things,
@@ -368,7 +371,7 @@ fail:
     return NULL;
 }
 
-/* ---- the windows fold ------------------------------------------------------------------- */
+/* ---- counts as Python ints (the docsync fold's) ----------------------------------------- */
 
 static PyObject *str_kind, *str_skill_id, *str_occurred_at;
 
@@ -450,113 +453,23 @@ static int add_counts_scalar(PyObject *counts, PyObject *key, long long value) {
     return failed;
 }
 
-static int bucket_add(PyObject *counts, PyObject *skill_id, long long start, long long downloads, long long installs) {
-    PyObject *start_ms = PyLong_FromLongLong(start);
-    if (start_ms == NULL)
-        return -1;
-    PyObject *key = PyTuple_Pack(2, skill_id, start_ms);
-    Py_DECREF(start_ms);
-    if (key == NULL)
-        return -1;
-    long long values[2] = {downloads, installs};
-    int failed = add_counts(counts, key, values, 2);
-    Py_DECREF(key);
-    return failed;
-}
+/* ---- the windows rows ------------------------------------------------------------------- */
 
-PyDoc_STRVAR(fold_windows_doc,
-             "fold_windows(events, window_deltas) -> (hourly, daily)\n\n"
-             "sinks.windows.fold: {(skill_id, hour start ms): [downloads, installs]} and the same per UTC day.");
-
-static PyObject *fold_windows(PyObject *self, PyObject *args) {
-    PyObject *events, *window;
-    if (!PyArg_ParseTuple(args, "OO!", &events, &PyDict_Type, &window))
-        return NULL;
-    PyObject *seq = PySequence_Tuple(events); /* a snapshot: the loop runs code that may change a list */
-    if (seq == NULL)
-        return NULL;
-    PyObject *hourly = PyDict_New(), *daily = PyDict_New();
-    if (hourly == NULL || daily == NULL)
-        goto fail;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *event = items[i];
-        PyObject *kind = PyObject_GetAttr(event, str_kind);
-        if (kind == NULL)
-            goto fail;
-        PyObject *effect = PyDict_GetItemWithError(window, kind); /* borrowed */
-        Py_DECREF(kind);
-        if (effect == NULL) {
-            if (PyErr_Occurred())
-                goto fail;
-            continue; /* a kind that counts nothing in the windows */
-        }
-        long long downloads = PyLong_AsLongLong(PyTuple_GET_ITEM(effect, 0));
-        long long installs = PyLong_AsLongLong(PyTuple_GET_ITEM(effect, 1));
-        PyObject *at_obj = PyObject_GetAttr(event, str_occurred_at);
-        if (at_obj == NULL)
-            goto fail;
-        long long at = PyLong_AsLongLong(at_obj);
-        Py_DECREF(at_obj);
-        if (PyErr_Occurred())
-            goto fail;
-        PyObject *skill_id = PyObject_GetAttr(event, str_skill_id);
-        if (skill_id == NULL)
-            goto fail;
-        /* Python's floor modulo: an hour start at or below `at`, for any sign */
-        long long rem = at % MS_PER_HOUR;
-        if (rem < 0)
-            rem += MS_PER_HOUR;
-        long long hour_start;
-        if (__builtin_sub_overflow(at, rem, &hour_start)) {
-            Py_DECREF(skill_id);
-            PyErr_SetString(PyExc_OverflowError, "occurred_at out of range");
-            goto fail;
-        }
-        int failed = bucket_add(hourly, skill_id, hour_start, downloads, installs);
-        Py_DECREF(skill_id);
-        if (failed)
-            goto fail;
-    }
-    Py_ssize_t position = 0;
-    PyObject *key, *row;
-    while (PyDict_Next(hourly, &position, &key, &row)) {
-        long long hour = PyLong_AsLongLong(PyTuple_GET_ITEM(key, 1));
-        long long rem = hour % MS_PER_DAY;
-        if (rem < 0)
-            rem += MS_PER_DAY;
-        long long downloads = PyLong_AsLongLong(PyList_GET_ITEM(row, 0));
-        long long installs = PyLong_AsLongLong(PyList_GET_ITEM(row, 1));
-        long long day_start;
-        if (__builtin_sub_overflow(hour, rem, &day_start)) {
-            PyErr_SetString(PyExc_OverflowError, "occurred_at out of range");
-            goto fail;
-        }
-        if (PyErr_Occurred() || bucket_add(daily, PyTuple_GET_ITEM(key, 0), day_start, downloads, installs))
-            goto fail;
-    }
-    Py_DECREF(seq);
-    return Py_BuildValue("(NN)", hourly, daily);
-fail:
-    Py_DECREF(seq);
-    Py_XDECREF(hourly);
-    Py_XDECREF(daily);
-    return NULL;
-}
-
-/* ---- the windows rows, in key order ----------------------------------------------------- */
-
+/* One (skill, hour) of a batch while it is folded: the counts as C ints, the skill held. */
 typedef struct {
-    PyObject *key; /* (skill id, start), a reference held: `convert` runs Python code */
-    PyObject *skill; /* the key's items */
-    PyObject *start;
-    long long start_ms;
-    PyObject *downloads, *installs; /* the counts as they were before any `convert` ran, references held */
-} Bucket;
+    PyObject *skill;        /* a reference held; NULL: an empty slot of the table */
+    Py_hash_t hash;         /* the skill's str hash */
+    unsigned long long head; /* a one-byte-wide skill's first 8 bytes, big-endian, zero-padded: the sort's
+                                first comparison; 0 with `wide` set for a wider str */
+    int wide;
+    long long start; /* the hour's start, ms */
+    long long downloads, installs;
+} HourSlot;
 
 /* Python's order of two str (code point by code point), without a call where both are one byte wide. */
 static int compare_str(PyObject *a, PyObject *b) {
+    if (a == b)
+        return 0;
     if (PyUnicode_KIND(a) == PyUnicode_1BYTE_KIND && PyUnicode_KIND(b) == PyUnicode_1BYTE_KIND) {
         Py_ssize_t la = PyUnicode_GET_LENGTH(a), lb = PyUnicode_GET_LENGTH(b);
         int c = memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)(la < lb ? la : lb));
@@ -565,85 +478,219 @@ static int compare_str(PyObject *a, PyObject *b) {
     return PyUnicode_Compare(a, b); /* cannot fail on two str */
 }
 
-static int compare_buckets(const void *x, const void *y) {
-    const Bucket *a = x, *b = y;
-    int c = a->skill == b->skill ? 0 : compare_str(a->skill, b->skill);
-    return c != 0 ? c : (a->start_ms > b->start_ms) - (a->start_ms < b->start_ms);
+static int compare_slots(const void *x, const void *y) {
+    const HourSlot *a = x, *b = y;
+    /* Two one-byte-wide str compare as their bytes do: the heads decide unless equal (a tie, or a shorter
+       string's padding against a zero byte, goes on to the whole strings). */
+    if (!a->wide && !b->wide && a->head != b->head)
+        return a->head < b->head ? -1 : 1;
+    int c = compare_str(a->skill, b->skill);
+    return c != 0 ? c : (a->start > b->start) - (a->start < b->start);
 }
 
-PyDoc_STRVAR(bucket_rows_doc,
-             "bucket_rows(buckets, convert) -> list\n\n"
-             "sinks.windows.bucket_rows: (skill_id, convert(start), downloads, installs) for each\n"
-             "{(skill_id, start ms): [downloads, installs]}, in (skill_id, start) order; `convert` is called\n"
-             "once per distinct start.");
+/* floor(at / unit) * unit as Python's `at - at % unit`, for any sign; 0 on success. */
+static int bucket_start(long long at, long long unit, long long *start) {
+    long long rem = at % unit;
+    if (rem < 0)
+        rem += unit;
+    if (__builtin_sub_overflow(at, rem, start)) {
+        PyErr_SetString(PyExc_OverflowError, "occurred_at out of range");
+        return -1;
+    }
+    return 0;
+}
 
-static PyObject *bucket_rows(PyObject *self, PyObject *args) {
-    PyObject *buckets, *convert;
-    if (!PyArg_ParseTuple(args, "O!O", &PyDict_Type, &buckets, &convert))
+/* `convert(start)`, asked once per distinct start: `seen` maps the start's int to what it gave. New reference. */
+static PyObject *converted(PyObject *seen, PyObject *convert, long long start) {
+    PyObject *key = PyLong_FromLongLong(start);
+    if (key == NULL)
         return NULL;
-    Py_ssize_t n = PyDict_GET_SIZE(buckets);
-    Py_ssize_t position = 0, i = 0, held = 0;
-    Bucket *all = PyMem_Malloc(sizeof(Bucket) * (size_t)(n > 0 ? n : 1));
-    PyObject *converted = PyDict_New(); /* start -> convert(start) */
-    PyObject *rows = NULL;
-    if (all == NULL || converted == NULL) {
-        if (all == NULL)
+    PyObject *value = PyDict_GetItemWithError(seen, key); /* borrowed */
+    if (value != NULL) {
+        Py_DECREF(key);
+        return Py_NewRef(value);
+    }
+    if (PyErr_Occurred() || (value = PyObject_CallOneArg(convert, key)) == NULL) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    int failed = PyDict_SetItem(seen, key, value);
+    Py_DECREF(key);
+    if (failed) {
+        Py_DECREF(value);
+        return NULL;
+    }
+    return value;
+}
+
+/* Append (skill, convert(start), downloads, installs) to `rows`; 0 on success. */
+static int append_row(PyObject *rows, PyObject *seen, PyObject *convert, PyObject *skill, long long start,
+                      long long downloads, long long installs) {
+    PyObject *at = converted(seen, convert, start);
+    if (at == NULL)
+        return -1;
+    PyObject *row = PyTuple_New(4), *d = PyLong_FromLongLong(downloads), *i = PyLong_FromLongLong(installs);
+    if (row == NULL || d == NULL || i == NULL) {
+        Py_XDECREF(row);
+        Py_XDECREF(d);
+        Py_XDECREF(i);
+        Py_DECREF(at);
+        return -1;
+    }
+    PyTuple_SET_ITEM(row, 0, Py_NewRef(skill));
+    PyTuple_SET_ITEM(row, 1, at);
+    PyTuple_SET_ITEM(row, 2, d);
+    PyTuple_SET_ITEM(row, 3, i);
+    int failed = PyList_Append(rows, row);
+    Py_DECREF(row);
+    return failed;
+}
+
+PyDoc_STRVAR(window_rows_doc,
+             "window_rows(events, window_deltas, hour_of, day_of) -> (hourly_rows, daily_rows)\n\n"
+             "sinks.windows.fold_rows: (skill_id, hour_of(hour start ms), downloads, installs) per (skill, UTC hour)\n"
+             "of the events' window effects, in (skill_id, hour) order, and the same per UTC day with day_of;\n"
+             "hour_of and day_of are called once per distinct start.");
+
+static PyObject *window_rows(PyObject *self, PyObject *args) {
+    PyObject *events, *window, *hour_of, *day_of;
+    if (!PyArg_ParseTuple(args, "OO!OO", &events, &PyDict_Type, &window, &hour_of, &day_of))
+        return NULL;
+    PyObject *seq = PySequence_Tuple(events); /* a snapshot: the loop runs code that may change a list */
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
+    size_t capacity = 16;
+    while (capacity < (size_t)n * 2)
+        capacity <<= 1;
+    size_t mask = capacity - 1;
+    HourSlot *slots = PyMem_Calloc(capacity, sizeof(HourSlot));
+    PyObject *hourly = PyList_New(0), *daily = PyList_New(0), *hours_seen = PyDict_New(), *days_seen = PyDict_New();
+    PyObject *result = NULL;
+    if (slots == NULL || hourly == NULL || daily == NULL || hours_seen == NULL || days_seen == NULL) {
+        if (slots == NULL)
             PyErr_NoMemory();
         goto done;
     }
-    PyObject *key, *counts;
-    while (PyDict_Next(buckets, &position, &key, &counts)) {
-        if (!PyTuple_CheckExact(key) || PyTuple_GET_SIZE(key) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(key, 0)) ||
-            !PyLong_CheckExact(PyTuple_GET_ITEM(key, 1)) || !PyList_CheckExact(counts) || PyList_GET_SIZE(counts) != 2) {
-            PyErr_SetString(PyExc_TypeError, "buckets must map (str, int) to [int, int]");
+    /* Each event's effect added to its (skill, hour) slot: an open-addressing table of C ints, no Python object
+       per event or per bucket until the rows. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *event = PyTuple_GET_ITEM(seq, i);
+        PyObject *kind = PyObject_GetAttr(event, str_kind);
+        if (kind == NULL)
             goto done;
-        }
-        Py_INCREF(key);
-        all[i].key = key;
-        all[i].downloads = Py_NewRef(PyList_GET_ITEM(counts, 0));
-        all[i].installs = Py_NewRef(PyList_GET_ITEM(counts, 1));
-        held = ++i;
-        all[i - 1].skill = PyTuple_GET_ITEM(key, 0);
-        all[i - 1].start = PyTuple_GET_ITEM(key, 1);
-        all[i - 1].start_ms = PyLong_AsLongLong(all[i - 1].start);
-        if (all[i - 1].start_ms == -1 && PyErr_Occurred())
-            goto done;
-    }
-    n = held;
-    qsort(all, (size_t)n, sizeof(Bucket), compare_buckets);
-    rows = PyList_New(n);
-    if (rows == NULL)
-        goto done;
-    for (i = 0; i < n; i++) {
-        PyObject *value = PyDict_GetItemWithError(converted, all[i].start); /* borrowed */
-        if (value == NULL) {
+        PyObject *effect = PyDict_GetItemWithError(window, kind); /* borrowed, kept alive by `window` */
+        Py_DECREF(kind);
+        if (effect == NULL) {
             if (PyErr_Occurred())
-                goto fail;
-            value = PyObject_CallOneArg(convert, all[i].start);
-            if (value == NULL)
-                goto fail;
-            int failed = PyDict_SetItem(converted, all[i].start, value);
-            Py_DECREF(value); /* the dict holds it */
-            if (failed)
-                goto fail;
+                goto done;
+            continue; /* a kind that counts nothing in the windows */
         }
-        PyObject *row = PyTuple_Pack(4, all[i].skill, value, all[i].downloads, all[i].installs);
-        if (row == NULL)
-            goto fail;
-        PyList_SET_ITEM(rows, i, row);
+        long long downloads = PyLong_AsLongLong(PyTuple_GET_ITEM(effect, 0));
+        long long installs = PyLong_AsLongLong(PyTuple_GET_ITEM(effect, 1));
+        if (PyErr_Occurred())
+            goto done;
+        PyObject *at_obj = PyObject_GetAttr(event, str_occurred_at);
+        if (at_obj == NULL)
+            goto done;
+        long long at = PyLong_AsLongLong(at_obj);
+        Py_DECREF(at_obj);
+        long long start;
+        if ((at == -1 && PyErr_Occurred()) || bucket_start(at, MS_PER_HOUR, &start))
+            goto done;
+        PyObject *skill = PyObject_GetAttr(event, str_skill_id);
+        if (skill == NULL)
+            goto done;
+        if (!PyUnicode_Check(skill)) {
+            Py_DECREF(skill);
+            PyErr_SetString(PyExc_TypeError, "an event's skill_id is not a str");
+            goto done;
+        }
+        Py_hash_t hash = PyObject_Hash(skill);
+        if (hash == -1) {
+            Py_DECREF(skill);
+            goto done;
+        }
+        size_t at_slot = ((size_t)hash ^ ((size_t)(start / MS_PER_HOUR) * 0x9E3779B97F4A7C15ULL)) & mask;
+        HourSlot *slot;
+        for (;;) {
+            slot = &slots[at_slot];
+            if (slot->skill == NULL || (slot->hash == hash && slot->start == start &&
+                                        compare_str(slot->skill, skill) == 0))
+                break;
+            at_slot = (at_slot + 1) & mask;
+        }
+        if (slot->skill == NULL) {
+            slot->skill = skill; /* the reference taken above */
+            slot->hash = hash;
+            slot->start = start;
+            slot->wide = PyUnicode_KIND(skill) != PyUnicode_1BYTE_KIND;
+            if (!slot->wide) {
+                const unsigned char *bytes = PyUnicode_DATA(skill);
+                Py_ssize_t length = PyUnicode_GET_LENGTH(skill);
+                for (Py_ssize_t b = 0; b < 8; b++)
+                    slot->head = (slot->head << 8) | (b < length ? bytes[b] : 0);
+            }
+        } else {
+            Py_DECREF(skill);
+        }
+        if (__builtin_add_overflow(slot->downloads, downloads, &slot->downloads) ||
+            __builtin_add_overflow(slot->installs, installs, &slot->installs)) {
+            PyErr_SetString(PyExc_OverflowError, "a window count past 64 bits in one batch");
+            goto done;
+        }
     }
-    goto done;
-fail:
-    Py_CLEAR(rows);
+    /* The slots in use moved to the front and sorted: the hours in (skill, hour) order, and each (skill, day)'s
+       hours next to each other, so the days are summed in the same pass. */
+    size_t rows = 0;
+    for (size_t i = 0; i < capacity; i++)
+        if (slots[i].skill != NULL) {
+            if (i != rows) {
+                slots[rows] = slots[i];
+                slots[i].skill = NULL;
+            }
+            rows++;
+        }
+    qsort(slots, rows, sizeof(HourSlot), compare_slots);
+    PyObject *day_skill = NULL;
+    long long day = 0, day_downloads = 0, day_installs = 0;
+    for (size_t i = 0; i < rows; i++) {
+        HourSlot *slot = &slots[i];
+        long long start;
+        if (bucket_start(slot->start, MS_PER_DAY, &start))
+            goto done;
+        if (append_row(hourly, hours_seen, hour_of, slot->skill, slot->start, slot->downloads, slot->installs))
+            goto done;
+        if (day_skill != NULL && start == day && compare_str(day_skill, slot->skill) == 0) {
+            if (__builtin_add_overflow(day_downloads, slot->downloads, &day_downloads) ||
+                __builtin_add_overflow(day_installs, slot->installs, &day_installs)) {
+                PyErr_SetString(PyExc_OverflowError, "a window count past 64 bits in one batch");
+                goto done;
+            }
+            continue;
+        }
+        if (day_skill != NULL && append_row(daily, days_seen, day_of, day_skill, day, day_downloads, day_installs))
+            goto done;
+        day_skill = slot->skill; /* held by its slot until the end */
+        day = start;
+        day_downloads = slot->downloads;
+        day_installs = slot->installs;
+    }
+    if (day_skill != NULL && append_row(daily, days_seen, day_of, day_skill, day, day_downloads, day_installs))
+        goto done;
+    result = PyTuple_Pack(2, hourly, daily);
 done:
-    for (i = 0; i < held; i++) {
-        Py_DECREF(all[i].key);
-        Py_DECREF(all[i].downloads);
-        Py_DECREF(all[i].installs);
+    if (slots != NULL) {
+        for (size_t i = 0; i < capacity; i++)
+            Py_XDECREF(slots[i].skill);
+        PyMem_Free(slots);
     }
-    PyMem_Free(all);
-    Py_XDECREF(converted);
-    return rows;
+    Py_DECREF(seq);
+    Py_XDECREF(hourly);
+    Py_XDECREF(daily);
+    Py_XDECREF(hours_seen);
+    Py_XDECREF(days_seen);
+    return result;
 }
 
 /* ---- the docsync fold ------------------------------------------------------------------- */
@@ -769,9 +816,8 @@ static PyObject *configure(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS, configure_doc},
     {"decode_valid", decode_valid, METH_VARARGS, decode_valid_doc},
-    {"fold_windows", fold_windows, METH_VARARGS, fold_windows_doc},
+    {"window_rows", window_rows, METH_VARARGS, window_rows_doc},
     {"fold_skills", fold_skills, METH_VARARGS, fold_skills_doc},
-    {"bucket_rows", bucket_rows, METH_VARARGS, bucket_rows_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -84,7 +84,7 @@ class DyingSink(WindowsSink):
     commits_left: int | None = None
 
     def write(self, connection: Any, folded: Any, now: Any) -> dict[str, int]:
-        if any(skill == "REJECT" for skill, _hour in folded[0]):
+        if any(row[0] == "REJECT" for row in folded[0]):  # the hourly rows: (skill id, hour, downloads, installs)
             raise sqlite3.IntegrityError("CHECK constraint failed: simulated")
         return super().write(connection, folded, now)
 

@@ -35,6 +35,7 @@ from skillstats.contract import (
 )
 from skillstats.sinks import docstats, windows
 from skillstats.sinks.docstats import PartitionDeltas
+from skillstats.sinks.upserts import utc_naive
 from tests.hostile_corpus import CORPUS
 from tests.test_contract import NOW, PROPERTY, TIMESTAMPS
 
@@ -213,19 +214,75 @@ EVENTS = st.builds(
 )
 
 
+def _hour(start: int) -> str:
+    return f"<h{start}>"
+
+
+def _day(start: int) -> str:
+    return f"<d{start}>"
+
+
 @PROPERTY
 @given(events=st.lists(EVENTS, max_size=60))
-def test_the_native_fold_is_the_python_fold(events: list[StatEvent]) -> None:
+def test_the_native_rows_are_the_python_rows(events: list[StatEvent]) -> None:
+    """The same rows in the same order as the dicts of the Python fold made into rows, hours and days."""
     assert native is not None
-    assert native.fold_windows(events, WINDOW_DELTAS) == windows.fold_python(events)
-    assert windows.fold(events) == windows.fold_python(events)
+    hourly, daily = windows.fold(events)
+    assert native.window_rows(events, WINDOW_DELTAS, _hour, _day) == (
+        windows.bucket_rows(hourly, _hour),
+        windows.bucket_rows(daily, _day),
+    )
+    with mock.patch.object(windows, "native", None):
+        assert windows.fold_rows(events) == windows.rows_of((hourly, daily))
+    assert windows.fold_rows(events) == windows.rows_of((hourly, daily))
 
 
-def test_the_fold_refuses_what_is_not_an_event() -> None:
+ROW_SKILLS = st.sampled_from(["a", "b", "ab", "a\x00", "sk_é", "sk_✓", "sk_\U0001f600", "Z", "", "c" * 128]) | st.text(
+    max_size=6
+)
+
+
+@PROPERTY
+@given(
+    events=st.lists(
+        st.builds(
+            StatEvent,
+            event_id=st.just("e"),
+            skill_id=ROW_SKILLS.map(lambda s: "".join(s)),  # a new str object per event, equal texts apart
+            kind=st.sampled_from(KINDS),
+            occurred_at=st.integers(-(2**62), 2**62) | st.sampled_from([0, NOW, NOW + 3_600_000, -1, 86_399_999]),
+        ),
+        max_size=80,
+    )
+)
+def test_the_native_rows_order_and_sum_as_python_does(events: list[StatEvent]) -> None:
+    """Python's str order code point by code point whatever the strings' widths, starts of either sign, equal
+    skill ids in distinct objects summed together, and each converter called once per distinct start."""
     assert native is not None
-    bad: list[Any] = [object()]
+    calls: list[str] = []
+
+    def hour_of(start: int) -> str:
+        calls.append(_hour(start))
+        return _hour(start)
+
+    def day_of(start: int) -> str:
+        calls.append(_day(start))
+        return _day(start)
+
+    rows = native.window_rows(events, WINDOW_DELTAS, hour_of, day_of)
+    hourly, daily = windows.fold(events)
+    assert rows == (windows.bucket_rows(hourly, _hour), windows.bucket_rows(daily, _day))
+    assert sorted(calls) == sorted({_hour(start) for _k, start in hourly} | {_day(start) for _k, start in daily})
+
+
+def test_the_rows_refuse_what_is_not_an_event() -> None:
+    assert native is not None
     with pytest.raises(AttributeError):
-        native.fold_windows(bad, WINDOW_DELTAS)
+        native.window_rows([object()], WINDOW_DELTAS, _hour, _day)
+    with pytest.raises(TypeError):
+        native.window_rows([StatEvent("e", 7, "download", NOW)], WINDOW_DELTAS, _hour, _day)  # type: ignore[arg-type]
+    with pytest.raises(ZeroDivisionError):
+        native.window_rows([StatEvent("e", "a", "download", NOW)], WINDOW_DELTAS, lambda start: 1 / 0, _day)
 
 
 @PROPERTY
@@ -240,45 +297,6 @@ def test_the_native_docsync_fold_is_the_python_fold(batches: list[list[StatEvent
         for events in batches:
             without.add_decoded(events, [])
     assert (with_native.deltas, with_native.kinds) == (without.deltas, without.kinds)
-
-
-BUCKET_SKILLS = st.sampled_from(
-    ["a", "b", "ab", "a\x00", "sk_é", "sk_✓", "sk_\U0001f600", "Z", "", "c" * 128]
-) | st.text(max_size=6)
-
-
-@PROPERTY
-@given(
-    buckets=st.dictionaries(
-        st.tuples(BUCKET_SKILLS, st.integers(-(2**62), 2**62) | st.sampled_from([0, NOW, NOW + 3_600_000])),
-        st.lists(st.integers(-(2**62), 2**62), min_size=2, max_size=2),
-        max_size=40,
-    )
-)
-def test_the_native_rows_are_the_python_rows(buckets: dict[tuple[str, int], list[int]]) -> None:
-    """Same rows, same order (Python's str order, code point by code point, whatever the strings' widths), and
-    `convert` called once per distinct start."""
-    assert native is not None
-    calls: list[int] = []
-
-    def convert(start: int) -> str:
-        calls.append(start)
-        return f"<{start}>"
-
-    rows = native.bucket_rows(buckets, convert)
-    assert sorted(calls) == sorted({start for _s, start in buckets})
-    with mock.patch.object(windows, "native", None):
-        assert rows == windows.bucket_rows(buckets, lambda start: f"<{start}>")
-    assert [(s, f"<{start}>", *counts) for (s, start), counts in sorted(buckets.items())] == rows
-
-
-def test_the_native_rows_refuse_what_is_not_a_bucket() -> None:
-    assert native is not None
-    for wrong in ({("a", 1.5): [1, 2]}, {("a", 1): (1, 2)}, {("a", 1): [1]}, {"a": [1, 2]}):
-        with pytest.raises(TypeError):
-            native.bucket_rows(wrong, str)
-    with pytest.raises(ZeroDivisionError):
-        native.bucket_rows({("a", 1): [1, 2]}, lambda start: 1 / 0)
 
 
 def test_the_folds_survive_events_that_change_the_list_they_are_in() -> None:
@@ -302,8 +320,8 @@ def test_the_folds_survive_events_that_change_the_list_they_are_in() -> None:
         events[:] = [Meddling(), *(StatEvent("e", "s", "download", NOW) for _ in range(5))]
         return events
 
-    hourly, daily = native.fold_windows(fresh(), WINDOW_DELTAS)
-    assert hourly == {("s", NOW - NOW % 3_600_000): [6, 0]} and sum(c[0] for c in daily.values()) == 6
+    hourly, daily = native.window_rows(fresh(), WINDOW_DELTAS, _hour, _day)
+    assert hourly == [("s", _hour(NOW - NOW % 3_600_000), 6, 0)] and [row[2] for row in daily] == [6]
     kinds: dict[str, int] = {}
     deltas: dict[str, list[int]] = {}
     native.fold_skills(fresh(), contract.FIXED_SKILL_DELTAS, kinds, deltas)
@@ -319,18 +337,18 @@ def test_the_docsync_fold_adds_past_64_bits_as_python_does() -> None:
         assert part.deltas == {"s": [2**63, 0, 0, 1]} and part.kinds == {"download": 2**63}
 
 
-def test_the_native_rows_take_the_counts_before_convert_runs() -> None:
-    """A `convert` that empties the count lists (found by a review: the lists were read after it, past their
-    end) changes nothing in the rows, as in the Python twin."""
+def test_the_native_rows_are_what_was_handed_over_whatever_the_converters_do() -> None:
+    """A converter that empties the list of events and drops its own earlier results changes nothing in the
+    rows: the counts and skills are the fold's own, held until the rows are made."""
     assert native is not None
-    buckets = {("a", 1): [1, 2], ("b", 2): [3, 4]}
+    events = [StatEvent("e", f"sk_{n % 3}", "download", NOW - n * 3_600_000) for n in range(9)]
+    expected = windows.rows_of(windows.fold(events))
 
-    def meddling(start: int) -> int:
-        for counts in buckets.values():
-            counts.clear()
-        return start
+    def meddling(start: int) -> Any:
+        events.clear()
+        return utc_naive(start)
 
-    assert native.bucket_rows(buckets, meddling) == [("a", 1, 1, 2), ("b", 2, 3, 4)]
+    assert native.window_rows(events, WINDOW_DELTAS, meddling, lambda start: utc_naive(start).date()) == expected
 
 
 def test_a_module_built_from_another_source_is_left_unused() -> None:

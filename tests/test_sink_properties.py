@@ -52,7 +52,7 @@ REFUSED = "sk_refused"
 
 class RefusingSink(WindowsSink):
     def write(self, connection: Any, folded: Any, now: Any) -> dict[str, int]:
-        if any(skill == REFUSED for skill, _hour in folded[0]):
+        if any(row[0] == REFUSED for row in folded[0]):  # the hourly rows: (skill id, hour, downloads, installs)
             raise sqlite3.IntegrityError("CHECK constraint failed: simulated")
         return super().write(connection, folded, now)
 
