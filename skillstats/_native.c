@@ -761,6 +761,229 @@ fail:
     return NULL;
 }
 
+/* ---- docsync's messages ----------------------------------------------------------------- */
+
+static PyObject *str_error, *str_partition, *str_offset, *str_timestamp, *str_key, *str_value, *str_events,
+    *str_next_offset, *str_events_read;
+
+/* The partition a run of messages is in, and what take_run knows of it while the run lasts. */
+typedef struct {
+    long long partition;
+    int active;             /* a partition is loaded */
+    int skipped;            /* not read here: not assigned to this drain, or finished */
+    PyObject *part;         /* its PartitionDeltas (strong), or NULL */
+    PyObject *columns[3];   /* keys, values, timestamps: the lists in taken[partition] (strong) */
+    long long end;          /* ends.get(partition, 0) */
+    long long next_offset;  /* part.next_offset, kept here while the run lasts */
+    long long added;        /* messages appended since it was loaded */
+} TakeRun;
+
+/* part.events += added; part.next_offset = next_offset; summary.events_read += added; then forget the partition.
+   Keeps an error set on entry: what was appended before it is counted, as take() counts each message. */
+static int take_flush(TakeRun *run, PyObject *summary) {
+    int failed = 0;
+    if (run->active && run->part != NULL && run->added > 0) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyObject *events = PyObject_GetAttr(run->part, str_events);
+        PyObject *sum = events == NULL ? NULL : add_int(events, run->added);
+        PyObject *next = sum == NULL ? NULL : PyLong_FromLongLong(run->next_offset);
+        PyObject *read = next == NULL ? NULL : PyObject_GetAttr(summary, str_events_read);
+        PyObject *read_sum = read == NULL ? NULL : add_int(read, run->added);
+        failed = read_sum == NULL || PyObject_SetAttr(run->part, str_events, sum) < 0 ||
+                 PyObject_SetAttr(run->part, str_next_offset, next) < 0 ||
+                 PyObject_SetAttr(summary, str_events_read, read_sum) < 0;
+        Py_XDECREF(events);
+        Py_XDECREF(sum);
+        Py_XDECREF(next);
+        Py_XDECREF(read);
+        Py_XDECREF(read_sum);
+        if (type != NULL) {
+            if (failed)
+                PyErr_Clear(); /* the first error is the one to report */
+            PyErr_Restore(type, value, traceback);
+        }
+    }
+    Py_CLEAR(run->part);
+    for (int j = 0; j < 3; j++)
+        Py_CLEAR(run->columns[j]);
+    run->active = 0;
+    return failed ? -1 : 0;
+}
+
+static int take_load(TakeRun *run, PyObject *partition, long long number, PyObject *parts, PyObject *finished,
+                     PyObject *ends) {
+    run->active = 1;
+    run->partition = number;
+    run->added = 0;
+    run->skipped = 1;
+    PyObject *part = PyDict_GetItemWithError(parts, partition); /* borrowed */
+    if (part == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    int done = PySet_Contains(finished, partition);
+    if (done != 0)
+        return done < 0 ? -1 : 0;
+    PyObject *end = PyDict_GetItemWithError(ends, partition); /* borrowed */
+    if (end == NULL && PyErr_Occurred())
+        return -1;
+    run->end = end == NULL ? 0 : PyLong_AsLongLong(end);
+    if (run->end == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *next = PyObject_GetAttr(part, str_next_offset);
+    if (next == NULL)
+        return -1;
+    run->next_offset = PyLong_AsLongLong(next);
+    Py_DECREF(next);
+    if (run->next_offset == -1 && PyErr_Occurred())
+        return -1;
+    Py_INCREF(part);
+    run->part = part;
+    run->skipped = 0;
+    return 0;
+}
+
+/* taken.setdefault(partition, (part, [], [], [])), its lists kept in `run`: on the first message appended, as
+   take() does, so that a partition with nothing taken has no entry. */
+static int take_columns(TakeRun *run, PyObject *taken) {
+    PyObject *partition = PyLong_FromLongLong(run->partition);
+    PyObject *fresh = partition == NULL ? NULL : Py_BuildValue("(O[][][])", run->part);
+    PyObject *columns = fresh == NULL ? NULL : PyDict_SetDefault(taken, partition, fresh); /* borrowed */
+    Py_XDECREF(partition);
+    Py_XDECREF(fresh);
+    if (columns == NULL)
+        return -1;
+    if (!PyTuple_Check(columns) || PyTuple_GET_SIZE(columns) != 4 || PyTuple_GET_ITEM(columns, 0) != run->part) {
+        PyErr_SetString(PyExc_TypeError, "taken[partition] must be (its PartitionDeltas, keys, values, timestamps)");
+        return -1;
+    }
+    for (int j = 0; j < 3; j++)
+        if (!PyList_Check(PyTuple_GET_ITEM(columns, j + 1))) {
+            PyErr_SetString(PyExc_TypeError, "taken[partition]'s columns must be lists");
+            return -1;
+        }
+    for (int j = 0; j < 3; j++) {
+        PyObject *list = PyTuple_GET_ITEM(columns, j + 1);
+        Py_INCREF(list);
+        run->columns[j] = list;
+    }
+    return 0;
+}
+
+/* method() of `message` as a C long long; -1 with an error set on failure. */
+static int call_long(PyObject *message, PyObject *method, long long *out) {
+    PyObject *value = PyObject_CallMethodNoArgs(message, method);
+    if (value == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(value);
+    Py_DECREF(value);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+PyDoc_STRVAR(take_run_doc,
+             "take_run(messages, start, parts, finished, ends, taken, summary, timestamp_not_available) -> stop\n\n"
+             "streams.docsync's take() over messages[start:], for as long as each message is an ordinary one:\n"
+             "without an error, and (in a partition this drain reads and has not finished) below the snapshot\n"
+             "end's last offset. Messages of partitions not in `parts`, or in `finished`, and copies below a\n"
+             "partition's next_offset are passed over; the others' key, value and timestamp are appended to\n"
+             "taken[partition] (created as (part, [], [], []) when missing), the part's events and next_offset\n"
+             "moved and summary.events_read counted. Returns the index of the first message it left to take()\n"
+             "(len(messages) when none). Nothing here finishes or pauses a partition: the message that would is left.");
+
+static PyObject *take_run(PyObject *self, PyObject *args) {
+    PyObject *messages, *parts, *finished, *ends, *taken, *summary;
+    Py_ssize_t start;
+    long long not_available;
+    if (!PyArg_ParseTuple(args, "O!nO!O!O!O!OL", &PyList_Type, &messages, &start, &PyDict_Type, &parts, &PySet_Type,
+                          &finished, &PyDict_Type, &ends, &PyDict_Type, &taken, &summary, &not_available))
+        return NULL;
+    TakeRun run = {0};
+    PyObject *message = NULL;
+    Py_ssize_t i = start < 0 ? 0 : start < PyList_GET_SIZE(messages) ? start : PyList_GET_SIZE(messages);
+    for (; i < PyList_GET_SIZE(messages); i++) {
+        message = PyList_GET_ITEM(messages, i);
+        Py_INCREF(message); /* the methods below run code that could change the list */
+        PyObject *error = PyObject_CallMethodNoArgs(message, str_error);
+        if (error == NULL)
+            goto fail;
+        int ordinary = error == Py_None;
+        Py_DECREF(error);
+        if (!ordinary)
+            break;
+        PyObject *partition = PyObject_CallMethodNoArgs(message, str_partition);
+        if (partition == NULL)
+            goto fail;
+        if (!PyLong_CheckExact(partition)) { /* not a partition number (librdkafka's UA is None): take()'s */
+            Py_DECREF(partition);
+            break;
+        }
+        long long number = PyLong_AsLongLong(partition);
+        int failed = number == -1 && PyErr_Occurred();
+        if (!failed && (!run.active || run.partition != number))
+            failed = take_flush(&run, summary) < 0 || take_load(&run, partition, number, parts, finished, ends) < 0;
+        Py_DECREF(partition);
+        if (failed)
+            goto fail;
+        if (run.skipped) {
+            Py_CLEAR(message);
+            continue;
+        }
+        long long offset;
+        if (call_long(message, str_offset, &offset) < 0)
+            goto fail;
+        if (offset >= run.end - 1) /* the snapshot's last offset or past it: take() finishes the partition */
+            break;
+        if (offset < run.next_offset) { /* handed over twice: the first copy counted */
+            Py_CLEAR(message);
+            continue;
+        }
+        PyObject *stamp = PyObject_CallMethodNoArgs(message, str_timestamp);
+        if (stamp == NULL)
+            goto fail;
+        PyObject *stamp_value = NULL;
+        if (!PyTuple_Check(stamp) || PyTuple_GET_SIZE(stamp) != 2) {
+            PyErr_SetString(PyExc_TypeError, "a message's timestamp() must be (type, value)");
+        } else {
+            long long type = PyLong_AsLongLong(PyTuple_GET_ITEM(stamp, 0));
+            if (!(type == -1 && PyErr_Occurred()))
+                stamp_value = type == not_available ? Py_None : PyTuple_GET_ITEM(stamp, 1);
+        }
+        Py_XINCREF(stamp_value);
+        Py_DECREF(stamp);
+        if (stamp_value == NULL)
+            goto fail;
+        PyObject *key = PyObject_CallMethodNoArgs(message, str_key);
+        PyObject *value = key == NULL ? NULL : PyObject_CallMethodNoArgs(message, str_value);
+        failed = value == NULL || (run.columns[0] == NULL && take_columns(&run, taken) < 0);
+        if (!failed) {
+            Py_ssize_t lengths[3];
+            for (int j = 0; j < 3; j++)
+                lengths[j] = PyList_GET_SIZE(run.columns[j]);
+            failed = PyList_Append(run.columns[0], key) < 0 || PyList_Append(run.columns[1], value) < 0 ||
+                     PyList_Append(run.columns[2], stamp_value) < 0;
+            if (failed) /* the columns stay of one length: what this message appended goes */
+                for (int j = 0; j < 3; j++)
+                    if (PyList_GET_SIZE(run.columns[j]) > lengths[j])
+                        PyList_SetSlice(run.columns[j], lengths[j], PyList_GET_SIZE(run.columns[j]), NULL);
+        }
+        Py_XDECREF(key);
+        Py_XDECREF(value);
+        Py_DECREF(stamp_value);
+        if (failed)
+            goto fail;
+        run.next_offset = offset + 1;
+        run.added++;
+        Py_CLEAR(message);
+    }
+    Py_XDECREF(message);
+    if (take_flush(&run, summary) < 0)
+        return NULL;
+    return PyLong_FromSsize_t(i);
+fail:
+    Py_XDECREF(message);
+    take_flush(&run, summary); /* what was appended before the error is counted, as take() counts it */
+    return NULL;
+}
+
 /* ---- configuration ---------------------------------------------------------------------- */
 
 PyDoc_STRVAR(configure_doc,
@@ -818,12 +1041,13 @@ static PyMethodDef methods[] = {
     {"decode_valid", decode_valid, METH_VARARGS, decode_valid_doc},
     {"window_rows", window_rows, METH_VARARGS, window_rows_doc},
     {"fold_skills", fold_skills, METH_VARARGS, fold_skills_doc},
+    {"take_run", take_run, METH_VARARGS, take_run_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "skillstats._native",
-    "The per-record hot path in C: decode's fast path and the two folds (see skillstats/_native.c).", -1,
+    "The per-record hot path in C: decode's fast path, the two folds and docsync's messages (see skillstats/_native.c).", -1,
     methods,
 };
 
@@ -836,6 +1060,13 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (str_kind == NULL || str_skill_id == NULL || str_occurred_at == NULL || str_delta_all_time == NULL ||
         str_delta_current == NULL)
         return NULL;
+    PyObject **names[] = {&str_error, &str_partition, &str_offset, &str_timestamp,  &str_key,
+                          &str_value, &str_events,    &str_next_offset, &str_events_read};
+    const char *texts[] = {"error", "partition", "offset", "timestamp", "key", "value", "events", "next_offset",
+                           "events_read"};
+    for (size_t j = 0; j < sizeof(texts) / sizeof(texts[0]); j++)
+        if ((*names[j] = PyUnicode_InternFromString(texts[j])) == NULL)
+            return NULL;
     PyObject *created = PyModule_Create(&module);
     /* skillstats.contract compares it with the source beside the module (an editable checkout) */
     if (created != NULL && PyModule_AddStringConstant(created, "SOURCE_SHA256", SOURCE_SHA256) < 0)

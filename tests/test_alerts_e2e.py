@@ -138,6 +138,7 @@ def exporter_port(settings: Settings, tmp_path: Path) -> Iterator[int]:
     log.close()
 
 
+@pytest.mark.faults  # a real Prometheus waiting out the alert's pending time: slow, in the fault suite
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_windows_lag_alert_pends_fires_and_resolves(settings: Settings, exporter_port: int, tmp_path: Path) -> None:
     worker_port = free_port()

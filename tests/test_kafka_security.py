@@ -10,6 +10,9 @@ and SASL_SSL (SCRAM-SHA-512 and PLAIN) and SSL with client certificates:
   line that says Kafka refused the connection, for every command, never a hang;
 - no password (Kafka's, the TLS key's, the database URL's, the wrong ones tried)
   appears anywhere in what whole runs print, failing ones included.
+
+Each needs a secured broker started for it and whole runs of the commands: all of it is in the fault suite
+(deploy/local/test-faults.sh), to keep the default run inside its 15 minutes.
 """
 
 from __future__ import annotations
@@ -115,6 +118,7 @@ def skillstats(env: dict[str, str], *args: str, timeout: float = 90) -> subproce
     )
 
 
+@pytest.mark.faults  # a secured broker of its own, a run per mode: in the fault suite with the rest of this file
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 @pytest.mark.parametrize(
     "mode", ["sasl_plaintext-scram", "sasl_plaintext-plain", "sasl_ssl-scram", "ssl-client-certificate"]
@@ -166,6 +170,7 @@ COMMANDS = {
 }
 
 
+@pytest.mark.faults  # every command refused, per way of being refused: slow, in the fault suite
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 @pytest.mark.parametrize("how", ["wrong password", "unknown mechanism user", "no client certificate"])
 def test_refused_credentials_fail_fast_and_say_so(secure: SecureKafka, database_url: str, how: str) -> None:

@@ -84,6 +84,7 @@ def corrupt(settings: Settings, days: list[date], skill: str, extra: int) -> Non
         engine.dispose()
 
 
+@pytest.mark.faults  # a slow scenario: the default test run stays inside its 15 minutes
 def test_a_rebuild_swapped_in_under_load_fixes_the_days_it_owns_and_a_rollback_puts_the_old_tables_back(
     settings: Settings, tmp_path: Path
 ) -> None:
@@ -257,6 +258,7 @@ def test_a_swap_status_and_diff_refuse_a_topic_created_again_while_both_workers_
     assert info["rebuild"] is not None  # nothing changed: still building, the live tables as they were
 
 
+@pytest.mark.faults  # a slow scenario: the default test run stays inside its 15 minutes
 def test_a_rebuild_is_refused_when_retention_cut_what_it_needs(settings: Settings) -> None:
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient
@@ -327,6 +329,7 @@ def test_kill_9_of_the_rebuild_worker_and_of_the_live_worker_around_the_swap_los
     assert live.terminate() == 0
 
 
+@pytest.mark.faults  # a slow scenario: the default test run stays inside its 15 minutes
 def test_a_rebuild_carries_over_the_days_a_legacy_import_added_to(settings: Settings, tmp_path: Path) -> None:
     from sqlalchemy import delete
 

@@ -15,7 +15,7 @@ from skillstats.contract import StatEvent, make_event
 from skillstats.retry import Backoff
 from skillstats.sinks.batch import ApplyOutcome, ConsumedRecord, FencedSink
 from skillstats.sinks.db import open_engine
-from skillstats.sinks.migrate import current_revision, head_revision, upgrade
+from skillstats.sinks.migrate import HEAD_REVISION, current_revision, head_revision, upgrade
 from skillstats.sinks.recovery import Abandoned, apply_with_recovery
 from skillstats.sinks.schema import skill_daily_stats
 from skillstats.sinks.windows import WindowsSink
@@ -123,6 +123,43 @@ def test_bounded_retries_give_up_with_the_error() -> None:
 
 def _never(record: ConsumedRecord, exc: BaseException) -> None:
     raise AssertionError(f"nothing should be parked, got {record} ({exc})")
+
+
+def test_the_start_up_checks_head_is_the_newest_migration() -> None:
+    # require_current compares the database with HEAD_REVISION, without Alembic: a migration added without
+    # moving it would have every command refuse a database `skillstats init` has just migrated.
+    assert head_revision() == HEAD_REVISION, "move HEAD_REVISION in sinks/migrate.py to the newest migration"
+
+
+def test_the_start_up_check_passes_only_a_database_at_this_versions_head(database_url: str) -> None:
+    from sqlalchemy import text
+
+    from skillstats.sinks.migrate import VERSION_TABLE, SchemaOutdated, require_current
+
+    engine = open_engine(database_url)
+
+    def refused(*revisions: str) -> str:
+        with engine.begin() as connection:
+            connection.execute(text(f"DELETE FROM {VERSION_TABLE}"))
+            for revision in revisions:
+                connection.execute(text(f"INSERT INTO {VERSION_TABLE} (version_num) VALUES ('{revision}')"))
+        with pytest.raises(SchemaOutdated) as refusal:
+            require_current(engine)
+        return str(refusal.value)
+
+    try:
+        with engine.connect():
+            pass  # an empty database (SQLite's file created): no version table yet
+        with pytest.raises(SchemaOutdated, match="at revision none"):
+            require_current(engine)
+        upgrade(engine)
+        require_current(engine)
+        assert f"at revision 0007, this skillstats needs {HEAD_REVISION}: run 'skillstats init'" in refused("0007")
+        assert "at revision 9999," in refused("9999")  # migrated by a newer skillstats: not this one's tables
+        assert "at revision 0009, 0010," in refused("0010", "0009")  # a version table that is not one row
+        assert "at revision none," in refused()
+    finally:
+        engine.dispose()
 
 
 def test_migrations_are_idempotent(database_url: str) -> None:

@@ -47,7 +47,9 @@ promtool check rules deploy/prometheus/skillstats-rules.yml
 say "pytest"
 mkdir -p .local && : >"$SKILLSTATS_TEST_METRICS"
 status=0
-pytest -q -p no:cacheprovider -m "${SKILLSTATS_TEST_MARK:-not faults and not deploy}" "$@" || status=$?
+# --durations: the slowest tests named in every run's log, so that a suite nearing its budget says what to
+# move or share first.
+pytest -q -p no:cacheprovider --durations=25 -m "${SKILLSTATS_TEST_MARK:-not faults and not deploy}" "$@" || status=$?
 if [[ -s $SKILLSTATS_TEST_METRICS ]]; then say "measured (not asserted)"; cat "$SKILLSTATS_TEST_METRICS" >&2; fi
 say "test run took $((SECONDS - begin))s"
 exit $status
