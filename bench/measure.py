@@ -280,11 +280,27 @@ def _ensure_registry_rows(engine: Any, events: int) -> None:
         connection.execute(dialect.insert(skills).on_conflict_do_nothing(), rows)
 
 
+def kafka_libs() -> Path:
+    """Where deploy/local/kafka.sh keeps the Kafka jars: `SKILLSTATS_STATE_DIR`, else the `.local` of the checkout
+    this bench runs from, whatever the working directory (a bench started elsewhere once skipped case f for want of
+    them); installed from a wheel, with no checkout around it, the working directory's `.local`."""
+    state = os.environ.get("SKILLSTATS_STATE_DIR")
+    if state:
+        return Path(state) / "kafka-libs"
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "deploy" / "local" / "kafka.sh").is_file():
+        return checkout / ".local" / "kafka-libs"
+    return Path(".local", "kafka-libs").absolute()
+
+
 def kafka_perf_test(settings: Settings, topic: str, events: int) -> Result | None:
     """Kafka's own kafka-consumer-perf-test (the JVM client) on the same topic, when the Kafka jars are here."""
-    libs = Path(os.environ.get("SKILLSTATS_STATE_DIR", ".local")) / "kafka-libs"
+    libs = kafka_libs()
     if not libs.is_dir():
-        log(f"kafka-consumer-perf-test: skipped, no Kafka jars at {libs} (deploy/local/kafka.sh fetch)")
+        log(
+            f"kafka-consumer-perf-test: skipped, no Kafka jars at {libs} "
+            "(deploy/local/kafka.sh fetch; SKILLSTATS_STATE_DIR names where they are)"
+        )
         return None
     argv = [
         "java",

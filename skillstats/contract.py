@@ -71,6 +71,16 @@ if (
         "the Python paths run; reinstall (pip install -e .) to rebuild it"
     )
     native = None
+# An installed module has no source beside it to compare: one built from an older source may lack a function
+# this code calls, and would fail where it is first called (docsync's import). It is left unused too.
+_NATIVE_FUNCTIONS: Final = ("configure", "decode_valid", "window_rows", "fold_skills", "take_run")
+_native_lacks = [name for name in _NATIVE_FUNCTIONS if not hasattr(native, name)] if native is not None else []
+if _native_lacks:
+    NATIVE_MISSING = (
+        f"skillstats._native at {native.__file__} lacks {', '.join(_native_lacks)} (built from an older source): "
+        "the Python paths run; reinstall to rebuild it"
+    )
+    native = None
 if native is not None and os.environ.get("SKILLSTATS_PURE_PYTHON", "") not in ("", "0"):
     native = None
     NATIVE_MISSING = "SKILLSTATS_PURE_PYTHON is set: skillstats._native is left unused, the Python paths run"

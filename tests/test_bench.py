@@ -164,3 +164,17 @@ def sections_by_workload(report: str) -> dict[str, dict[str, dict[str, str]]]:
             cells = [cell.strip() for cell in line.strip("|").split("|")]
             current[cells[0]] = dict(zip(header, cells, strict=True))
     return sections
+
+
+def test_case_f_finds_the_kafka_jars_whatever_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kafka.sh keeps its jars in the checkout's .local (or SKILLSTATS_STATE_DIR): the bench looks there, not in
+    the directory it was started from."""
+    from skillstats_bench.measure import kafka_libs
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SKILLSTATS_STATE_DIR", raising=False)
+    assert kafka_libs() == Path(__file__).resolve().parents[1] / ".local" / "kafka-libs"
+    monkeypatch.setenv("SKILLSTATS_STATE_DIR", str(tmp_path / "state"))
+    assert kafka_libs() == tmp_path / "state" / "kafka-libs"

@@ -210,6 +210,7 @@ def park_by_hand(settings: Settings, parcels: list[tuple[Parcel, list[tuple[str,
     assert producer.flush(30) == 0
 
 
+@pytest.mark.faults  # a worker counting the one copy of two parcels: in the longer suite
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_two_parcels_of_one_source_record_publish_one_copy(settings: Settings, tmp_path: Path) -> None:
     """A record parked twice (a rebalance whose settle timed out, a DLQ leader lost mid-send) is one record:
@@ -233,6 +234,7 @@ def test_two_parcels_of_one_source_record_publish_one_copy(settings: Settings, t
     assert sum(downloads for downloads, _installs in daily.values()) == 1
 
 
+@pytest.mark.faults  # a worker counting a copy, then parking a forged one: in the longer suite
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_forged_replayed_from_header_does_not_open_a_second_replay(settings: Settings, tmp_path: Path) -> None:
     """A record whose root was replayed and counted stays refused, even when another invalid record arrives

@@ -14,6 +14,7 @@ where the module is missing. The windows fold is compared with its Python twin.
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 from unittest import mock
 
@@ -351,25 +352,68 @@ def test_the_native_rows_are_what_was_handed_over_whatever_the_converters_do() -
     assert native.window_rows(events, WINDOW_DELTAS, meddling, lambda start: utc_naive(start).date()) == expected
 
 
-def test_a_module_built_from_another_source_is_left_unused() -> None:
-    """An editable checkout pulled without reinstalling holds a module built from yesterday's _native.c: it
-    runs the Python paths (and says why) rather than judge by yesterday's code; the current one is used."""
+def _imported_with(stand_in: str, report: str) -> str:
+    """What `report` prints in a fresh interpreter where `stand_in` (lines making a module `old`) took the place of
+    skillstats._native before skillstats.contract was imported."""
     import subprocess
     import sys
 
-    assert native is not None and native.SOURCE_SHA256 != "unknown"
     probe = (
-        "import sys, types\n"
+        "import sys, tempfile, types\n"
         "from pathlib import Path\n"
         "import skillstats\n"
         "old = types.ModuleType('skillstats._native')\n"
-        "old.__file__ = str(Path(skillstats.__file__).with_name('_native.so'))\n"
-        "old.SOURCE_SHA256 = '0' * 64\n"
-        "sys.modules['skillstats._native'] = old\n"
+        f"{stand_in}"
+        "sys.modules['skillstats._native'] = skillstats._native = old\n"
         "from skillstats import contract\n"
+        "from skillstats.streams import docsync\n"
         "from skillstats.sinks import windows\n"
-        "print(contract.native is None, windows.native is None, contract.NATIVE_MISSING)\n"
+        f"{report}"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("True True ") and "built from another source" in done.stdout
+    return done.stdout
+
+
+def test_a_module_built_from_another_source_is_left_unused() -> None:
+    """An editable checkout pulled without reinstalling holds a module built from yesterday's _native.c: it
+    runs the Python paths (and says why) rather than judge by yesterday's code; the current one is used."""
+    assert native is not None and native.SOURCE_SHA256 != "unknown"
+    out = _imported_with(
+        "old.__file__ = str(Path(skillstats.__file__).with_name('_native.so'))\nold.SOURCE_SHA256 = '0' * 64\n",
+        "print(contract.native is None, windows.native is None, contract.NATIVE_MISSING)\n",
+    )
+    assert out.startswith("True True ") and "built from another source" in out
+
+
+def test_an_installed_module_lacking_a_function_is_left_unused() -> None:
+    """An installed package has no _native.c beside its module to compare: one built from an older source, which
+    lacks a function this code calls (docsync's take_run), runs the Python paths and says so, rather than fail
+    docsync's import or a call."""
+    out = _imported_with(
+        "from skillstats import _native as current\n"
+        # A directory that does not exist: no source beside the module, so no hash check.
+        "old.__file__ = str(Path(tempfile.gettempdir()) / 'skillstats-no-source' / 'x' / '_native.so')\n"
+        "for name in ('configure', 'decode_valid', 'window_rows', 'fold_skills'):\n"
+        "    setattr(old, name, getattr(current, name))\n",
+        "print(contract.native is None, docsync.native_take_run is None, windows.native is None)\n"
+        "print(contract.NATIVE_MISSING)\n",
+    )
+    assert out.startswith("True True True\n") and "lacks take_run" in out
+
+
+def test_the_functions_checked_at_import_are_the_modules_and_the_callers() -> None:
+    """contract._NATIVE_FUNCTIONS (what a module must have to be used) names every function _native.c defines and
+    every `native.<name>(` the code calls: a function added to one and not the other would let a stale build
+    through to fail at its first call."""
+    from pathlib import Path
+
+    root = Path(contract.__file__).resolve().parents[1]
+    table = set(re.findall(r'\{"(\w+)", \w+, METH_', (root / "skillstats" / "_native.c").read_text()))
+    called: set[str] = set()
+    for folder in ("skillstats", "streams", "sinks"):
+        for path in (root / folder).rglob("*.py"):
+            called.update(re.findall(r"\bnative\.(\w+)\b(?!\.)", path.read_text()))
+    called -= {"c", "py", "__file__", "SOURCE_SHA256"}  # file names in comments, the module's own attributes
+    assert table == set(contract._NATIVE_FUNCTIONS)
+    assert called <= table, called - table
