@@ -58,8 +58,9 @@ except ImportError as exc:
         f"skillstats._native is not built ({exc}): the Python paths run, the same counts at more CPU per "
         "event; install with gcc and the Python headers present (README)"
     )
-# A module built from another source than the one beside it (an editable checkout pulled without reinstalling)
-# would judge by that other code: it is left unused. An installed package has no source beside its module.
+# A module built from another source than the one beside it would judge by that other code: it is left unused. In
+# a checkout that is one pulled without reinstalling; an installed package ships its source as package data
+# (pyproject.toml), so a module left behind by another install, or copied in by hand, is caught there too.
 _native_source = Path(native.__file__).with_name("_native.c") if native is not None else None
 if (
     _native_source is not None
@@ -68,11 +69,12 @@ if (
 ):
     NATIVE_MISSING = (
         f"skillstats._native at {native.__file__} was built from another source than {_native_source}: "
-        "the Python paths run; reinstall (pip install -e .) to rebuild it"
+        "the Python paths run; reinstall skillstats (pip install -e . in a checkout) to rebuild it"
     )
     native = None
-# An installed module has no source beside it to compare: one built from an older source may lack a function
-# this code calls, and would fail where it is first called (docsync's import). It is left unused too.
+# Where no source lies beside the module (a package built before it shipped its source, or one whose source was
+# removed), one built from an older source may lack a function this code calls, and would fail where it is first
+# called (docsync's import). It is left unused too.
 _NATIVE_FUNCTIONS: Final = ("configure", "decode_valid", "window_rows", "fold_skills", "take_run")
 _native_lacks = [name for name in _NATIVE_FUNCTIONS if not hasattr(native, name)] if native is not None else []
 if _native_lacks:

@@ -387,9 +387,9 @@ def test_a_module_built_from_another_source_is_left_unused() -> None:
 
 
 def test_an_installed_module_lacking_a_function_is_left_unused() -> None:
-    """An installed package has no _native.c beside its module to compare: one built from an older source, which
-    lacks a function this code calls (docsync's take_run), runs the Python paths and says so, rather than fail
-    docsync's import or a call."""
+    """A module with no _native.c beside it to compare (a package built before it shipped its source): one built
+    from an older source, which lacks a function this code calls (docsync's take_run), runs the Python paths and
+    says so, rather than fail docsync's import or a call."""
     out = _imported_with(
         "from skillstats import _native as current\n"
         # A directory that does not exist: no source beside the module, so no hash check.
@@ -417,3 +417,15 @@ def test_the_functions_checked_at_import_are_the_modules_and_the_callers() -> No
     called -= {"c", "py", "__file__", "SOURCE_SHA256"}  # file names in comments, the module's own attributes
     assert table == set(contract._NATIVE_FUNCTIONS)
     assert called <= table, called - table
+
+
+def test_an_installed_package_ships_the_source_its_module_is_checked_against() -> None:
+    """The hash check needs _native.c beside the module: pyproject.toml ships it as package data, so an installed
+    package (a wheel, the image) is checked as a checkout is (tests/test_image.py looks inside the image)."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(contract.__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    assert "_native.c" in project["tool"]["setuptools"]["package-data"]["skillstats"]
+    assert project["tool"]["setuptools"]["package-dir"]["skillstats"] == "skillstats"
