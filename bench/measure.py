@@ -3,7 +3,10 @@
 Each consumer runs in a process of its own (bench/roles.py, or a `skillstats` command), on a fresh
 consumer group, from a cold start until it has caught up with the preloaded records; `wait4` gives
 its CPU seconds (user + system, process start to exit), /proc its peak RSS (`Watched`). The steady
-rate is counted from its first record (or first SQL fence) to caught up. Also here: the docsync drain (one run, as
+rate is counted from its first record (or first SQL fence) to caught up, and so is the steady CPU
+(/proc/PID/stat read at both moments, or the role's own clock): start-up (the imports alone are about
+a CPU second for a windows worker, 0.1 for the bare loop) and shutdown are in the first figure and not
+in the second, which is what a long-running worker spends per event. Also here: the docsync drain (one run, as
 a CronJob runs it), Kafka's own kafka-consumer-perf-test, and the probes the cases poll.
 """
 
@@ -41,6 +44,7 @@ class Result:
     note: str = ""
     cpu_seconds: float = 0.0  # user + system, process start to exit
     rows_upserted: int | None = None  # None: the consumer writes no SQL
+    steady_cpu_seconds: float | None = None  # first record (or first SQL fence) -> caught up; None: not measured
 
     @property
     def rate(self) -> float:
@@ -49,6 +53,12 @@ class Result:
     @property
     def cpu_per_million(self) -> float:
         return self.cpu_seconds * 1_000_000 / self.events if self.events else 0.0
+
+    @property
+    def steady_cpu_per_million(self) -> float | None:
+        if self.steady_cpu_seconds is None or not self.events:
+            return None
+        return self.steady_cpu_seconds * 1_000_000 / self.events
 
     @property
     def rows_rate(self) -> float | None:
@@ -104,6 +114,18 @@ def vm_hwm_mb(pid: int) -> float | None:
     return None
 
 
+_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds_so_far(pid: int) -> float:
+    """User + system CPU seconds a running process (all its threads) has spent since its exec (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        # The fields after the command name, which is in parentheses and may hold spaces: utime and stime are
+        # the 14th and 15th of the whole line.
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_SECOND
+
+
 def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -134,16 +156,20 @@ def measure(
     watched = [Watched(running) for running in processes]
     process = processes[0]
     first_at = 0.0
+    cpu_at_first = 0.0  # before any record: the processes' CPU from their start
+    steady_cpu: float | None = None
     rows_upserted = None
     if done is not None:
         while not done():
             if first_progress is not None and not first_at and first_progress():
                 first_at = time.monotonic()
+                cpu_at_first = sum(cpu_seconds_so_far(running.pid) for running in processes)
             for running in processes:
                 if running.poll() is not None:
                     raise RuntimeError(f"{name} exited early with status {running.returncode}")
             time.sleep(0.05)
         finished = time.monotonic()
+        steady_cpu = sum(cpu_seconds_so_far(running.pid) for running in processes) - cpu_at_first
         rows_upserted = rows() if rows is not None else None
         for running in processes:
             running.terminate()
@@ -159,11 +185,14 @@ def measure(
             raise RuntimeError(f"{name} failed with status {process.returncode}: {output[-500:]}")
         fields = dict(part.split("=") for part in output.split() if "=" in part)
         steady = float(fields["last"]) - float(fields["first"])
+        if "cpu_last" in fields:
+            steady_cpu = float(fields["cpu_last"]) - float(fields["cpu_first"])
     else:
         steady = finished - (first_at or started)
-    result = Result(name, events, finished - started, steady, peak_rss_mb, note, cpu_seconds, rows_upserted)
+    result = Result(name, events, finished - started, steady, peak_rss_mb, note, cpu_seconds, rows_upserted, steady_cpu)
+    steady_part = f" ({result.steady_cpu_per_million:.1f} steady)" if result.steady_cpu_per_million is not None else ""
     log(
-        f"{name}: {result.rate:,.0f} events/s steady, {result.cpu_per_million:.1f} CPU s per million, "
+        f"{name}: {result.rate:,.0f} events/s steady, {result.cpu_per_million:.1f} CPU s per million{steady_part}, "
         f"{result.wall_seconds:.1f}s wall, {result.peak_rss_mb:.0f} MiB"
     )
     return result

@@ -39,16 +39,17 @@ def report(
             f"{workload_run.workload.description}; preloaded at {workload_run.publish_rate:,.0f} events/s by the "
             f"Python publisher.",
             "",
-            "| consumer | events/s (steady) | ratio to (a) | CPU s per million events | SQL rows upserted/s "
-            "| wall, cold start to caught up | peak RSS | note |",
-            "|---|---:|---:|---:|---:|---:|---:|---|",
+            "| consumer | events/s (steady) | ratio to (a) | CPU s per million events | CPU s per million, steady "
+            "| SQL rows upserted/s | wall, cold start to caught up | peak RSS | note |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for r in results:
             ratio = f"{r.rate / ceiling:.2f}" if ceiling else "-"
             rows_rate = "-" if r.rows_rate is None else f"{r.rows_rate:,.0f}"
             cpu = f"{r.cpu_per_million:.1f}" if r.cpu_seconds else "-"
+            steady_cpu = "-" if r.steady_cpu_per_million is None else f"{r.steady_cpu_per_million:.1f}"
             lines.append(
-                f"| {r.name} | {r.rate:,.0f} | {ratio} | {cpu} | {rows_rate} | {r.wall_seconds:.1f} s "
+                f"| {r.name} | {r.rate:,.0f} | {ratio} | {cpu} | {steady_cpu} | {rows_rate} | {r.wall_seconds:.1f} s "
                 f"| {r.peak_rss_mb:.0f} MiB | {r.note} |"
             )
         lines.append("")

@@ -18,7 +18,7 @@ from .workload import PARTITIONS
 
 def _role_loop(bootstrap: str, topic: str, group: str, expected: int, decode_records: bool) -> None:
     """A bare confluent-kafka consume loop (optionally decoding, as the consumers do: one decode_many call per
-    consume() batch); prints first/last record times."""
+    consume() batch); prints first/last record times and the process's CPU seconds at each."""
     from confluent_kafka import Consumer
 
     from skillstats.contract import decode_many
@@ -36,6 +36,7 @@ def _role_loop(bootstrap: str, topic: str, group: str, expected: int, decode_rec
     consumer.subscribe([topic])
     seen = 0
     first = 0.0
+    cpu_first = 0.0
     now_ms = int(time.time() * 1000)
     while seen < expected:
         # A short wait: consume() returns once it has 10,000 records or the wait is over, so with a long one the
@@ -44,6 +45,7 @@ def _role_loop(bootstrap: str, topic: str, group: str, expected: int, decode_rec
         messages = consumer.consume(10_000, timeout=0.1)
         if messages and not first:
             first = time.time()
+            cpu_first = time.process_time()  # every thread of the process, librdkafka's too
         if decode_records:
             records = [m for m in messages if m.error() is None]
             decode_many([m.key() for m in records], [m.value() for m in records], [now_ms] * len(records))
@@ -52,7 +54,7 @@ def _role_loop(bootstrap: str, topic: str, group: str, expected: int, decode_rec
             for message in messages:
                 if message.error() is None:
                     seen += 1
-    print(f"first={first} last={time.time()}", flush=True)
+    print(f"first={first} last={time.time()} cpu_first={cpu_first} cpu_last={time.process_time()}", flush=True)
     consumer.close()
 
 

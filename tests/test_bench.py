@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from skillstats_bench.legacy_import import build_export, measure, render
+from skillstats_bench.measure import cpu_seconds_so_far
 
 from skillstats.config import Settings
 from tests.conftest import settings_env
@@ -74,6 +77,10 @@ def test_bench_smoke(settings: Settings, database_url: str, tmp_path: object) ->
             assert parse_number(row["events/s (steady)"]) > 0
             if case.startswith(("a.", "b.", "c.", "d.", "g.", "h.")):
                 assert parse_number(row["CPU s per million events"]) > 0, row
+            if case.startswith(("a.", "b.", "c.", "g.", "h.")):
+                # From the first record to caught up: within what the process spent from start to exit.
+                steady = parse_number(row["CPU s per million, steady"])
+                assert 0 <= steady <= parse_number(row["CPU s per million events"]), row
             if case.startswith(("c.", "d.", "h.")):
                 # Every event of the workload lands in some row: at least one row per
                 # transaction, never more rows than events per table (two tables each).
@@ -178,3 +185,15 @@ def test_case_f_finds_the_kafka_jars_whatever_the_working_directory(
     assert kafka_libs() == Path(__file__).resolve().parents[1] / ".local" / "kafka-libs"
     monkeypatch.setenv("SKILLSTATS_STATE_DIR", str(tmp_path / "state"))
     assert kafka_libs() == tmp_path / "state" / "kafka-libs"
+
+
+def test_a_process_cpu_read_from_proc_is_its_own_and_grows() -> None:
+    """cpu_seconds_so_far (the steady CPU's two readings) reads this process's user + system time: what
+    time.process_time says, to the kernel's tick, and more after some work."""
+    before = cpu_seconds_so_far(os.getpid())
+    spent = time.process_time()
+    while time.process_time() - spent < 0.3:
+        pass
+    after = cpu_seconds_so_far(os.getpid())
+    assert after - before >= 0.2
+    assert abs(after - time.process_time()) < 0.1

@@ -17,9 +17,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "skillstats windows and (d) a docsync drain, on SQLite and PostgreSQL; (e) a naive faust agent updating a "
         "windowed Table per event; (f) Kafka's own kafka-consumer-perf-test; (g) the windows sink behind a "
         "confluent-kafka loop; (h) two windows workers in one group. Each row gives events/s, the ratio to (a), "
-        "CPU seconds per million events and SQL rows upserted/s. Then publish-to-SQL latency at a steady offered "
-        "load, (i) skillstats ingest beside the direct publisher, and (j) skillstats legacy import of a synthetic "
-        "Convex export (events/s, peak RSS). See docs/performance.md."
+        "CPU seconds per million events (process start to exit, and from the first record to caught up) and SQL "
+        "rows upserted/s. Then publish-to-SQL latency at a steady offered load, (i) skillstats ingest beside the "
+        "direct publisher, and (j) skillstats legacy import of a synthetic Convex export (events/s, peak RSS). See "
+        "docs/performance.md."
     )
     kafka_options(parser, dlq=True)
     database_options(parser)
