@@ -156,7 +156,9 @@ def measure(
     watched = [Watched(running) for running in processes]
     process = processes[0]
     first_at = 0.0
-    cpu_at_first = 0.0  # before any record: the processes' CPU from their start
+    # Until the first progress is seen, the steady window starts at process start (as `steady` does with
+    # first_at unset): the processes' CPU from their start.
+    cpu_at_first = 0.0
     steady_cpu: float | None = None
     rows_upserted = None
     if done is not None:
