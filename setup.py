@@ -6,8 +6,9 @@ from pathlib import Path
 from setuptools import Extension, setup
 
 SOURCE = "skillstats/_native.c"
-# The source's hash, built into the module: skillstats.contract leaves a module built from another source unused
-# (an editable checkout pulled without reinstalling), where it would judge by yesterday's code.
+# The source's hash, built into the module: skillstats.contract leaves a module built from another source than the
+# _native.c beside it unused (an editable checkout pulled without reinstalling; an installed package, which ships
+# the source as package data), where it would judge by yesterday's code.
 SOURCE_SHA256 = hashlib.sha256((Path(__file__).parent / SOURCE).read_bytes()).hexdigest()
 
 # optional: where it cannot be compiled (no gcc, no Python headers) the install still succeeds and

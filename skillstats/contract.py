@@ -62,16 +62,21 @@ except ImportError as exc:
 # a checkout that is one pulled without reinstalling; an installed package ships its source as package data
 # (pyproject.toml), so a module left behind by another install, or copied in by hand, is caught there too.
 _native_source = Path(native.__file__).with_name("_native.c") if native is not None else None
-if (
-    _native_source is not None
-    and _native_source.is_file()
-    and hashlib.sha256(_native_source.read_bytes()).hexdigest() != getattr(native, "SOURCE_SHA256", None)
-):
-    NATIVE_MISSING = (
-        f"skillstats._native at {native.__file__} was built from another source than {_native_source}: "
-        "the Python paths run; reinstall skillstats (pip install -e . in a checkout) to rebuild it"
-    )
-    native = None
+if _native_source is not None and _native_source.is_file():
+    try:
+        _source_sha256 = hashlib.sha256(_native_source.read_bytes()).hexdigest()
+    except OSError as exc:  # there but unreadable (or gone mid-upgrade): it cannot vouch for the module
+        NATIVE_MISSING = (
+            f"cannot read {_native_source} ({exc}) to check skillstats._native against it: the Python paths run"
+        )
+    else:
+        if _source_sha256 != getattr(native, "SOURCE_SHA256", None):
+            NATIVE_MISSING = (
+                f"skillstats._native at {native.__file__} was built from another source than {_native_source}: "
+                "the Python paths run; reinstall skillstats (pip install -e . in a checkout) to rebuild it"
+            )
+    if NATIVE_MISSING is not None:
+        native = None
 # Where no source lies beside the module (a package built before it shipped its source, or one whose source was
 # removed), one built from an older source may lack a function this code calls, and would fail where it is first
 # called (docsync's import). It is left unused too.

@@ -386,6 +386,24 @@ def test_a_module_built_from_another_source_is_left_unused() -> None:
     assert out.startswith("True True ") and "built from another source" in out
 
 
+def test_a_source_that_cannot_be_read_leaves_the_module_unused_and_imports() -> None:
+    """A _native.c beside the module that cannot be read (its permissions, or gone mid-upgrade) cannot vouch for
+    the module: the Python paths run and say why, and importing the consumers does not fail."""
+    out = _imported_with(
+        "from skillstats import _native as current\n"
+        "old.__file__ = current.__file__\n"
+        "old.SOURCE_SHA256 = current.SOURCE_SHA256\n"
+        "real = Path.read_bytes\n"
+        "def refused(self):\n"
+        "    if self.name == '_native.c':\n"
+        "        raise PermissionError(13, 'Permission denied', str(self))\n"
+        "    return real(self)\n"
+        "Path.read_bytes = refused\n",
+        "print(contract.native is None, windows.native is None, contract.NATIVE_MISSING)\n",
+    )
+    assert out.startswith("True True cannot read ") and "Permission denied" in out
+
+
 def test_an_installed_module_lacking_a_function_is_left_unused() -> None:
     """A module with no _native.c beside it to compare (a package built before it shipped its source): one built
     from an older source, which lacks a function this code calls (docsync's take_run), runs the Python paths and
