@@ -5,7 +5,8 @@ setting costs, is in docs/performance.md ("Memory after a long drain"). Each cas
 runs a fresh interpreter, as a worker starts, and does what a catching-up worker
 does to glibc: frees a large block (which raises glibc's mmap threshold to its
 size), then has blocks of 1 MiB written and freed while a later one stays (so the
-freed ones are not at the heap's top, which free gives back). The first case is
+freed ones are not at the heap's top, which free gives back once it exceeds the
+trim threshold). The first case is
 the behaviour the README describes; the second, that the setting undoes it. If a
 glibc stops keeping such pages, the first fails and the README's paragraph is
 out of date.
@@ -53,7 +54,8 @@ print(rss_mib() - before)
 
 def _mib_left_behind(**setting: str) -> float:
     """MiB of RSS that 63 freed blocks of 1 MiB leave in a fresh interpreter with `setting` in its environment."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    theirs = ("GLIBC_TUNABLES", "LD_PRELOAD")  # another allocator's or the caller's tuning
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k not in theirs}
     done = subprocess.run(
         [sys.executable, "-c", _LEFT_BEHIND], env={**env, **setting}, capture_output=True, text=True, check=True
     )
