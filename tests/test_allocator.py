@@ -6,10 +6,9 @@ runs a fresh interpreter, as a worker starts, and does what a catching-up worker
 does to glibc: frees a large block (which raises glibc's mmap threshold to its
 size), then has blocks of 1 MiB written and freed while a later one stays (so the
 freed ones are not at the heap's top, which free gives back once it exceeds the
-trim threshold). The first case is
-the behaviour the README describes; the second, that the setting undoes it. If a
-glibc stops keeping such pages, the first fails and the README's paragraph is
-out of date.
+trim threshold). The first case is the behaviour the README describes; the
+second, that the setting undoes it. If a glibc stops keeping such pages, the
+first fails and the README's paragraph is out of date.
 """
 
 from __future__ import annotations
