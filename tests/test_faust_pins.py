@@ -163,6 +163,16 @@ def test_isolation_level_is_read_when_the_consumer_starts() -> None:
     assert "isolation_level=self._isolation_level" in inspect.getsource(aiokafka.AIOKafkaConsumer.start)
 
 
+def test_the_worker_consumer_faust_builds_never_commits_on_its_own() -> None:
+    """aiokafka's auto-commit (on by default) commits every resolved position, with empty metadata, on a timer and
+    on stop: ahead of the SQL flush, and over the database's mark. faust turns it off for the worker's consumer."""
+    assert inspect.signature(aiokafka.AIOKafkaConsumer).parameters["enable_auto_commit"].default is True
+    source = inspect.getsource(aiokafka_driver.AIOKafkaConsumerThread._create_worker_consumer)
+    assert "enable_auto_commit=False" in source
+    ours = inspect.getsource(ReadCommittedConsumerThread._create_worker_consumer)
+    assert "super()._create_worker_consumer(transport)" in ours and "enable_auto_commit" not in ours
+
+
 def test_rebalance_signals_are_public_and_sent_with_the_partitions() -> None:
     assert hasattr(WindowsApp, "on_partitions_revoked") and hasattr(WindowsApp, "on_partitions_assigned")
     from faust.app import base
