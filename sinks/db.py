@@ -73,6 +73,10 @@ def sqlite_path(url: str) -> Path | None:
     return Path(parsed.database).resolve()
 
 
+PAGE_SIZE = 16384  # bytes per page of a SQLite file skillstats creates
+CHECKPOINT_BYTES = 40 * 1024 * 1024  # WAL written between automatic checkpoints
+
+
 def _sqlite_engine(url: Any, lock_timeout_s: float, **kwargs: Any) -> Engine:
     engine = create_engine(url, connect_args={"timeout": lock_timeout_s}, **kwargs)
 
@@ -82,15 +86,21 @@ def _sqlite_engine(url: Any, lock_timeout_s: float, **kwargs: Any) -> Engine:
         # implicit BEGIN would be DEFERRED, see below).
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
+        # 16 KiB pages rather than SQLite's 4: a backfill's batch dirties pages all over the windows tables, and
+        # each commit writes every page it touched to the WAL; fewer, fuller pages cut that work (with the tables
+        # WITHOUT ROWID, 10-12% of a worker's CPU on a backfill: docs/performance.md). Only a database with no
+        # table yet takes it, so it must come before WAL; an existing file keeps the size it was made with.
+        cursor.execute(f"PRAGMA page_size={PAGE_SIZE}")
         # WAL lets `status` and tests read while a worker writes; NORMAL sync keeps
         # commits durable across a process kill (only an OS crash can lose the tail).
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
-        # A checkpoint every 10,000 WAL pages (about 40 MB of WAL before it, and a WAL file of that size
-        # kept on disk) rather than SQLite's 1,000: a page rewritten by several commits in between is
-        # copied into the database once, not once per checkpoint. On a backfill, where a batch touches
-        # pages all over both tables, that halved the CPU of the commits (docs/performance.md).
-        cursor.execute("PRAGMA wal_autocheckpoint=10000")
+        # A checkpoint every 40 MiB of WAL pages (a WAL file of that size kept on disk) rather than SQLite's
+        # 1,000 pages: a page rewritten by several commits in between is copied into the database once, not
+        # once per checkpoint. On a backfill, where a batch touches pages all over both tables, that halved the
+        # CPU of the commits (docs/performance.md). Counted in pages of the file's own size.
+        page_size = cursor.execute("PRAGMA page_size").fetchone()[0]
+        cursor.execute(f"PRAGMA wal_autocheckpoint={CHECKPOINT_BYTES // page_size}")
         cursor.close()
 
     @event.listens_for(engine, "begin")

@@ -54,7 +54,7 @@ class Generation(NamedTuple):
 
 
 def _copy(table: Table, name: str, metadata: MetaData) -> Table:
-    return Table(name, metadata, *(column._copy() for column in table.columns))
+    return Table(name, metadata, *(column._copy() for column in table.columns), **table.dialect_kwargs)
 
 
 def generation(suffix: str | None) -> Generation:

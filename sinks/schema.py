@@ -15,6 +15,8 @@ def _counter(name: str) -> Column[int]:
     return Column(name, BigInteger, nullable=False, server_default="0")
 
 
+# On SQLite both windows tables are WITHOUT ROWID (migration 0011): one B-tree keyed by (skill, bucket) rather
+# than a row table beside an index of its key, so an upsert finds and changes its row in one tree.
 skill_daily_stats = Table(
     "skill_daily_stats",
     metadata,
@@ -23,6 +25,7 @@ skill_daily_stats = Table(
     _counter("downloads"),
     _counter("installs"),
     Column("updated_at", DateTime, nullable=False),
+    sqlite_with_rowid=False,
 )
 
 skill_hourly_stats = Table(
@@ -33,6 +36,7 @@ skill_hourly_stats = Table(
     _counter("downloads"),
     _counter("installs"),
     Column("updated_at", DateTime, nullable=False),
+    sqlite_with_rowid=False,
 )
 
 skills = Table(

@@ -287,15 +287,16 @@ def test_a_fence_moves_over_markers_only_when_a_read_vouches_for_them(sink: Wind
 
 
 def test_sqlite_connections_are_set_up_for_the_sink(tmp_path: Path) -> None:
-    """WAL (readers beside the worker), NORMAL sync (durable across a process kill), and a checkpoint every
-    10,000 WAL pages (sinks/db.py says what it costs and gains)."""
+    """WAL (readers beside the worker), NORMAL sync (durable across a process kill), 16 KiB pages in a new file and
+    a checkpoint every 40 MiB of WAL pages (sinks/db.py says what it costs and gains; tests/test_sqlite_layout.py
+    a file made with other pages)."""
     engine = open_engine(f"sqlite:///{tmp_path / 'tuned.db'}")
     try:
         with engine.connect() as connection:
             pragmas = [
                 connection.exec_driver_sql(f"PRAGMA {name}").scalar()
-                for name in ("journal_mode", "synchronous", "wal_autocheckpoint")
+                for name in ("journal_mode", "synchronous", "page_size", "wal_autocheckpoint")
             ]
-        assert pragmas == ["wal", 1, 10_000]
+        assert pragmas == ["wal", 1, 16384, 2560]
     finally:
         engine.dispose()
