@@ -88,8 +88,8 @@ def _sqlite_engine(url: Any, lock_timeout_s: float, **kwargs: Any) -> Engine:
         cursor = dbapi_connection.cursor()
         # 16 KiB pages rather than SQLite's 4: a backfill's batch dirties pages all over the windows tables, and
         # each commit writes every page it touched to the WAL; fewer, fuller pages cut that work (with the tables
-        # WITHOUT ROWID, 10-12% of a worker's CPU on a backfill: docs/performance.md). Only a database with no
-        # table yet takes it, so it must come before WAL; an existing file keeps the size it was made with.
+        # WITHOUT ROWID, 10-12% of a worker's CPU on a backfill: docs/performance.md). Only a file not yet
+        # written takes it, so it must come before WAL; an existing file keeps the size it was made with.
         cursor.execute(f"PRAGMA page_size={PAGE_SIZE}")
         # WAL lets `status` and tests read while a worker writes; NORMAL sync keeps
         # commits durable across a process kill (only an OS crash can lose the tail).

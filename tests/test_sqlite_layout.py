@@ -115,3 +115,81 @@ def _live_tables() -> tuple[object, object]:
     from skillstats.sinks.schema import skill_daily_stats, skill_hourly_stats
 
     return skill_hourly_stats, skill_daily_stats
+
+
+def _at_0010_with_a_row(tmp_path: Path) -> Engine:
+    engine = open_engine(f"sqlite:///{tmp_path}/at-0010.db")
+    _migrate(engine, "0010")
+    with engine.begin() as connection:
+        connection.execute(
+            text("INSERT INTO skill_daily_stats VALUES ('sk_1', '2026-11-30', 7, 1, '2026-12-01 00:00:00.000000')")
+        )
+    return engine
+
+
+def test_a_view_on_a_windows_table_is_kept_and_reads_the_new_one(tmp_path: Path) -> None:
+    engine = _at_0010_with_a_row(tmp_path)
+    with engine.begin() as connection:
+        connection.execute(text("CREATE VIEW registry_downloads AS SELECT skill_id, downloads FROM skill_daily_stats"))
+    for step in (lambda: upgrade(engine), lambda: _migrate(engine, "0010", down=True), lambda: upgrade(engine)):
+        step()
+        with engine.connect() as connection:
+            assert connection.execute(text("SELECT * FROM registry_downloads")).all() == [("sk_1", 7)]
+            assert _pragma(connection, "legacy_alter_table") == 0  # the migration's connection setting put back
+
+
+def test_what_the_copy_would_drop_is_refused_before_anything_changes(tmp_path: Path) -> None:
+    import pytest
+
+    engine = _at_0010_with_a_row(tmp_path)
+    for ddl, named in (
+        ("CREATE INDEX registry_by_day ON skill_daily_stats (day)", "index registry_by_day"),
+        ("ALTER TABLE skill_daily_stats ADD COLUMN registry_note TEXT", "column registry_note"),
+        (
+            "CREATE TRIGGER registry_audit AFTER UPDATE ON skill_daily_stats BEGIN SELECT 1; END",
+            "trigger registry_audit",
+        ),
+    ):
+        with engine.begin() as connection:
+            connection.execute(text(ddl))
+        before = _rows(engine)
+        with pytest.raises(RuntimeError, match=f"skill_daily_stats .*{named}.*nothing was changed"):
+            upgrade(engine)
+        with engine.connect() as connection:
+            assert not _without_rowid(connection, "skill_daily_stats")
+            assert connection.execute(text("SELECT version_num FROM skillstats_schema_version")).scalar() == "0010"
+        assert _rows(engine) == before
+        with engine.begin() as connection:  # what the refusal says to do
+            object_kind, name = named.split()
+            if object_kind == "column":
+                connection.execute(text(f"ALTER TABLE skill_daily_stats DROP COLUMN {name}"))
+            else:
+                connection.execute(text(f"DROP {object_kind.upper()} {name}"))
+    upgrade(engine)
+    assert _rows(engine) == before
+
+
+def test_a_rebuilds_tables_made_before_the_upgrade_are_laid_out_anew_too(tmp_path: Path) -> None:
+    engine = _at_0010_with_a_row(tmp_path)
+    names = ("skill_daily_stats_rebuild", "skill_daily_stats_previous", "skill_hourly_stats_previous")
+    with engine.begin() as connection:
+        for name in names:  # as a version at 0010 made them: rowid tables of the live ones' columns
+            bucket, bucket_type = ("day", "DATE") if "daily" in name else ("hour", "DATETIME")
+            connection.execute(
+                text(
+                    f"CREATE TABLE {name} (skill_id TEXT NOT NULL, {bucket} {bucket_type} NOT NULL, "
+                    f"downloads BIGINT DEFAULT '0' NOT NULL, installs BIGINT DEFAULT '0' NOT NULL, "
+                    f"updated_at DATETIME NOT NULL, PRIMARY KEY (skill_id, {bucket}))"
+                )
+            )
+            connection.execute(text(f"INSERT INTO {name} VALUES ('sk_9', '2026-11-29', 3, 4, '2026-12-01')"))
+    upgrade(engine)
+    with engine.connect() as connection:
+        for name in names:
+            assert _without_rowid(connection, name), name
+            assert connection.execute(text(f"SELECT skill_id, downloads, installs FROM {name}")).all() == [
+                ("sk_9", 3, 4)
+            ]
+        assert not any(
+            name.endswith("_0011") for name in connection.execute(text("SELECT name FROM sqlite_master")).scalars()
+        )
