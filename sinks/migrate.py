@@ -63,6 +63,12 @@ class SchemaOutdated(RuntimeError):
     waiting cures nothing (the CLI exits 2)."""
 
 
+class MigrationRefused(RuntimeError):
+    """A migration would drop something of the operator's (an index, trigger or column on a table it copies): the
+    message names it and says what to do, nothing was changed, and running again does not help (the CLI exits 2).
+    Migrations raise it; a frozen migration may import it, since it stays here."""
+
+
 class NoDatabase(SchemaOutdated):
     """The SQLite file the URL names does not exist: `skillstats init` not run yet, or a wrong path."""
 

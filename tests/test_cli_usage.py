@@ -319,6 +319,9 @@ EXAMPLES: dict[str, RUN | str] = {
     "`init` on a compacted events topic": (
         "tests/test_cli.py::test_init_refuses_a_compacted_events_topic_and_notes_log_append_time"
     ),
+    "`init` refusing to drop an index, trigger or column of the operator's own": (
+        "tests/test_sqlite_layout.py::test_what_the_copy_would_drop_is_refused_before_anything_changes"
+    ),
     "a shutdown past its budget": "tests/test_shutdown_watchdog.py::test_a_hanging_shutdown_exits_3_with_a_message",
     "Ctrl-C": _interrupted,
 }

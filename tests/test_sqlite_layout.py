@@ -7,14 +7,18 @@ downgrade, and the upserts go on adding to them.
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 from datetime import date, datetime
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine, text
 
+from skillstats.cli.common import EXIT_USAGE
 from skillstats.sinks.db import open_engine
-from skillstats.sinks.migrate import _config, upgrade
+from skillstats.sinks.migrate import MigrationRefused, _config, upgrade
 from skillstats.sinks.upserts import now_utc_naive
 from skillstats.sinks.windows import write_rows
 
@@ -153,8 +157,18 @@ def test_what_the_copy_would_drop_is_refused_before_anything_changes(tmp_path: P
         with engine.begin() as connection:
             connection.execute(text(ddl))
         before = _rows(engine)
-        with pytest.raises(RuntimeError, match=f"skill_daily_stats .*{named}.*nothing was changed"):
+        with pytest.raises(MigrationRefused, match=f"skill_daily_stats .*{named}.*nothing was changed"):
             upgrade(engine)
+        if named.startswith("index"):  # what an operator sees: one line, exit 2 (a refusal, not a failure)
+            done = subprocess.run(
+                [sys.executable, "-m", "skillstats.cli", "init", "--skip-topics"],
+                env={**os.environ, "SKILLSTATS_DATABASE_URL": engine.url.render_as_string()},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == EXIT_USAGE, done.stderr
+            assert done.stderr.count("\n") == 1 and named in done.stderr and "Traceback" not in done.stderr
         with engine.connect() as connection:
             assert not _without_rowid(connection, "skill_daily_stats")
             assert connection.execute(text("SELECT version_num FROM skillstats_schema_version")).scalar() == "0010"

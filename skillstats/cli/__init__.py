@@ -86,7 +86,7 @@ def operator_errors() -> tuple[type[Exception], ...]:
     from skillstats.sinks.db import DatabaseUrlError
     from skillstats.sinks.fences import FenceAheadOfLog
     from skillstats.sinks.identity import IdentityMismatch
-    from skillstats.sinks.migrate import SchemaOutdated
+    from skillstats.sinks.migrate import MigrationRefused, SchemaOutdated
 
     return (
         UsageError,
@@ -95,6 +95,7 @@ def operator_errors() -> tuple[type[Exception], ...]:
         IdentityMismatch,
         FenceAheadOfLog,
         SchemaOutdated,
+        MigrationRefused,
         DatabaseUrlError,
     )
 

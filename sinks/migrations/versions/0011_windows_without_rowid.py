@@ -21,7 +21,7 @@ rename runs with legacy_alter_table, which neither checks nor rewrites them:
 they name the table, and the new one has the name). A table that carries
 anything this copy would drop (an index or a trigger of its own, a column
 skillstats did not make) is refused, with what to drop, before anything is
-copied: nothing is dropped silently.
+copied: nothing is dropped silently (`skillstats init` exits 2 with the message).
 
 Revision ID: 0011
 Revises: 0010
@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+
+from skillstats.sinks.migrate import MigrationRefused
 
 revision = "0011"
 down_revision = "0010"
@@ -68,7 +70,7 @@ def _refuse_what_the_copy_would_drop(connection: sa.Connection, name: str, bucke
     expected = [column.format(bucket=bucket) for column in _COLUMNS]
     extra += [f"column {column}" for column in columns if column not in expected]
     if extra or sorted(columns) != sorted(expected):
-        raise RuntimeError(
+        raise MigrationRefused(
             f"schema revision 0011 copies {name} into a new table and would drop what the copy does not carry: "
             f"{', '.join(extra) or 'its columns differ from ' + ', '.join(expected)}. Drop it (and make it again "
             f"after the upgrade), then run 'skillstats init' again; nothing was changed."
