@@ -72,8 +72,9 @@ def _refuse_what_the_copy_would_drop(connection: sa.Connection, name: str, bucke
     if extra or sorted(columns) != sorted(expected):
         raise MigrationRefused(
             f"schema revision 0011 copies {name} into a new table and would drop what the copy does not carry: "
-            f"{', '.join(extra) or 'its columns differ from ' + ', '.join(expected)}. Drop it (and make it again "
-            f"after the upgrade), then run 'skillstats init' again; nothing was changed."
+            f"{', '.join(extra) or 'its columns differ from ' + ', '.join(expected)}. Drop what is named (and make "
+            f"it again after the upgrade), or give the table back the columns named, then run 'skillstats init' "
+            f"again; nothing was changed."
         )
 
 
