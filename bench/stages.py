@@ -33,7 +33,7 @@ from skillstats.sinks.migrate import upgrade
 from skillstats.sinks.pipeline import COLLECTOR_THRESHOLD
 from skillstats.sinks.schema import skill_daily_stats, skill_hourly_stats
 from skillstats.sinks.upserts import now_utc_naive
-from skillstats.sinks.windows import fold_rows, write_rows
+from skillstats.sinks.windows import fold_rows, starts_for, write_rows
 
 Record = tuple[bytes | None, bytes | None, int | None]
 
@@ -76,6 +76,7 @@ def measure(records: list[Record], database_url: str, batch: int) -> dict[str, f
     gc.set_threshold(COLLECTOR_THRESHOLD, 50, 100)
     spent = {"decode": 0.0, "fold": 0.0, "sql": 0.0}
     tables = (skill_hourly_stats, skill_daily_stats)
+    starts = starts_for(engine.dialect, tables)  # as the worker's sink spells them (sinks/windows.py)
     try:
         for start in range(0, len(records), batch):
             chunk = records[start : start + batch]
@@ -83,10 +84,10 @@ def measure(records: list[Record], database_url: str, batch: int) -> dict[str, f
             t0 = time.process_time()
             events, _invalid = decode_many(keys, values, stamps)  # type: ignore[arg-type]
             t1 = time.process_time()
-            folded = fold_rows([e for e in events if e is not None])
+            folded = fold_rows([e for e in events if e is not None], starts)
             t2 = time.process_time()
             with engine.begin() as connection:
-                write_rows(connection, tables, folded, now_utc_naive())
+                write_rows(connection, tables, folded, now_utc_naive(), rendered=starts.rendered)
             t3 = time.process_time()
             spent["decode"] += t1 - t0
             spent["fold"] += t2 - t1

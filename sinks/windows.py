@@ -2,20 +2,54 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from datetime import date, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection
 
 from skillstats.contract import MS_PER_DAY, MS_PER_HOUR, WINDOW_DELTAS, StatEvent, native
 from skillstats.sinks.batch import FencedSink
 from skillstats.sinks.schema import skill_daily_stats, skill_hourly_stats
-from skillstats.sinks.upserts import upsert_adding, utc_naive
+from skillstats.sinks.upserts import renderer, upsert_adding, utc_naive
 
 Buckets = dict[tuple[str, int], list[int]]  # (skill id, bucket start ms) -> [downloads, installs]
-Row = tuple[str, Any, int, int]  # (skill id, hour as a naive UTC datetime or day as a date, downloads, installs)
+# (skill id, hour or day start, downloads, installs); the start as `Starts` spells it (a naive UTC datetime or a
+# date, or their text on SQLite)
+Row = tuple[str, Any, int, int]
 WindowRows = tuple[list[Row], list[Row]]  # (hourly, daily), each in (skill id, start) order: the upserts' order
+
+
+def _utc_date(ms: int) -> date:
+    return utc_naive(ms).date()
+
+
+class Starts(NamedTuple):
+    """How a fold spells the start of an hour and of a day in its rows (from ms), and whether that is already
+    as the database's driver takes it (`upsert_adding`'s `rendered`)."""
+
+    hour: Callable[[int], Any]
+    day: Callable[[int], Any]
+    rendered: bool
+
+
+AS_VALUES = Starts(utc_naive, _utc_date, rendered=False)  # a naive UTC datetime, a date
+
+
+def starts_for(dialect: Any, tables: Any) -> Starts:
+    """How the windows sink's fold spells starts for `dialect` and `tables` (hourly, daily).
+
+    On SQLite, as the driver takes them: the text SQLAlchemy's DateTime and Date types store (the same bind
+    processors the upserts otherwise apply, so a row's key is the same text whichever path wrote it). The fold
+    calls these once per distinct start, so the upsert binds its rows as they are, with no Python per row.
+    PostgreSQL's statement takes each column as one array literal, spelled from the values.
+    """
+    if dialect.name != "sqlite":
+        return AS_VALUES
+    hourly, daily = tables
+    hour_text, day_text = renderer(hourly.c.hour, dialect), renderer(daily.c.day, dialect)
+    return Starts(lambda ms: hour_text(utc_naive(ms)), lambda ms: day_text(_utc_date(ms)), rendered=True)
 
 
 class WindowsSink(FencedSink):
@@ -24,15 +58,20 @@ class WindowsSink(FencedSink):
     # The tables written: (hourly, daily); a rebuild's sink writes its shadow tables (sinks/rebuild.py).
     tables: Any = (skill_hourly_stats, skill_daily_stats)
 
+    @functools.cached_property
+    def starts(self) -> Starts:
+        return starts_for(self.engine.dialect, self.tables)
+
     def fold(self, events: list[StatEvent]) -> WindowRows:
-        return fold_rows(events)
+        return fold_rows(events, self.starts)
 
     def write(self, connection: Connection, folded: Any, now: datetime) -> dict[str, int]:
-        return write_rows(connection, self.tables, folded, now)
+        return write_rows(connection, self.tables, folded, now, rendered=self.starts.rendered)
 
 
-def fold_rows(events: list[StatEvent]) -> WindowRows:
-    """The rows `events` add to the windows tables: `rows_of(fold(events))`, the sink's fold.
+def fold_rows(events: list[StatEvent], starts: Starts = AS_VALUES) -> WindowRows:
+    """The rows `events` add to the windows tables: `rows_of(fold(events))`, the sink's fold, starts spelled
+    by `starts`.
 
     In C where skillstats._native is built (skillstats/_native.c `window_rows`):
     each event's effect is added to a C table keyed by (skill, hour), its slots
@@ -44,8 +83,8 @@ def fold_rows(events: list[StatEvent]) -> WindowRows:
     same rows.
     """
     if native is not None:
-        return native.window_rows(events, WINDOW_DELTAS, utc_naive, _utc_date)  # type: ignore[no-any-return]
-    return rows_of(fold(events))
+        return native.window_rows(events, WINDOW_DELTAS, starts.hour, starts.day)  # type: ignore[no-any-return]
+    return rows_of(fold(events), starts)
 
 
 def fold(events: list[StatEvent]) -> tuple[Buckets, Buckets]:
@@ -83,10 +122,10 @@ def fold(events: list[StatEvent]) -> tuple[Buckets, Buckets]:
     return hourly, daily
 
 
-def rows_of(folded: tuple[Buckets, Buckets]) -> WindowRows:
+def rows_of(folded: tuple[Buckets, Buckets], starts: Starts = AS_VALUES) -> WindowRows:
     """The rows of `fold`'s buckets, in the upserts' order."""
     hourly, daily = folded
-    return bucket_rows(hourly, utc_naive), bucket_rows(daily, _utc_date)
+    return bucket_rows(hourly, starts.hour), bucket_rows(daily, starts.day)
 
 
 def write_buckets(
@@ -96,12 +135,25 @@ def write_buckets(
     return write_rows(connection, tables, rows_of(folded), now)
 
 
-def write_rows(connection: Connection, tables: Any, rows: WindowRows, now: datetime) -> dict[str, int]:
-    """Add `fold_rows`'s rows to `tables` (hourly, daily); rows written per table."""
+def write_rows(
+    connection: Connection, tables: Any, rows: WindowRows, now: datetime, rendered: bool = False
+) -> dict[str, int]:
+    """Add `fold_rows`'s rows to `tables` (hourly, daily); rows written per table. `rendered`: their starts
+    as the driver takes them (`Starts`)."""
     counters = ("downloads", "installs")
     written: dict[str, int] = {}
     for table, key, table_rows in zip(tables, ("hour", "day"), rows, strict=True):
-        upsert_adding(connection, table, ("skill_id", key), counters, table_rows, "updated_at", now, ordered=True)
+        upsert_adding(
+            connection,
+            table,
+            ("skill_id", key),
+            counters,
+            table_rows,
+            "updated_at",
+            now,
+            ordered=True,
+            rendered=rendered,
+        )
         written[table.name] = len(table_rows)
     return written
 
@@ -119,7 +171,3 @@ def bucket_rows(buckets: Buckets, convert: Callable[[int], Any]) -> list[Row]:
     rows.sort()
     starts = {start: convert(start) for start in {start for _s, start in buckets}}
     return [(s, starts[start], d, i) for s, start, d, i in rows]
-
-
-def _utc_date(ms: int) -> date:
-    return utc_naive(ms).date()

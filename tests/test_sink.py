@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from sqlalchemy import inspect, select, text
 from sqlalchemy.exc import OperationalError
 
-from skillstats.contract import StatEvent, make_event
+from skillstats.contract import EPOCH_2000_MS, MAX_OCCURRED_AT_MS, StatEvent, make_event
 from skillstats.retry import Backoff
 from skillstats.sinks.batch import ApplyOutcome, ConsumedRecord, FencedSink
 from skillstats.sinks.db import open_engine
@@ -217,6 +217,46 @@ def test_upserts_meet_rows_stored_through_sqlalchemy(sink: WindowsSink) -> None:
     assert [tuple(r) for r in hourly] == [(hour, 8)]
     assert [tuple(r) for r in daily] == [(day, 10)]
     assert touched > hour - timedelta(seconds=1)  # read back as a datetime: stored in SQLAlchemy's format
+
+
+@hypothesis.settings(
+    max_examples=60, deadline=None, suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture]
+)
+@hypothesis.given(at=st.integers(EPOCH_2000_MS, MAX_OCCURRED_AT_MS))
+def test_the_sinks_rows_meet_rows_of_every_other_writer_at_any_time(sink: WindowsSink, at: int) -> None:
+    # On SQLite the sink's fold spells hours and days as the stored text itself and binds its rows as they come
+    # (sinks/windows.py, Starts); SQLAlchemy's insert, and a writer that does not fold through the sink (a
+    # rebuild's corrections, `write_buckets`), render datetimes at write time. At any instant the contract
+    # allows, all of them must meet on one row per key.
+    from sqlalchemy import func, insert
+
+    from skillstats.contract import MS_PER_DAY, MS_PER_HOUR
+    from skillstats.sinks.schema import skill_hourly_stats
+    from skillstats.sinks.upserts import utc_naive
+    from skillstats.sinks.windows import fold, write_buckets
+
+    hour, day = utc_naive(at - at % MS_PER_HOUR), utc_naive(at - at % MS_PER_DAY).date()
+    with sink.engine.begin() as connection:
+        for table in (skill_hourly_stats, skill_daily_stats):
+            connection.execute(table.delete())
+        connection.execute(text("DELETE FROM skillstats_partition_fences"))
+        connection.execute(
+            insert(skill_hourly_stats).values(skill_id="sk_1", hour=hour, downloads=5, installs=0, updated_at=hour)
+        )
+        connection.execute(
+            insert(skill_daily_stats).values(skill_id="sk_1", day=day, downloads=7, installs=0, updated_at=hour)
+        )
+    event = make_event("sk_1", "download", at, now_ms=MAX_OCCURRED_AT_MS)
+    assert sink.apply([ConsumedRecord(0, 0, event)]).applied == 1
+    with sink.engine.begin() as connection:
+        write_buckets(connection, sink.tables, fold([event]), utc_naive(NOW))
+    with sink.engine.connect() as connection:
+        hourly = connection.execute(select(skill_hourly_stats.c.hour, skill_hourly_stats.c.downloads)).all()
+        daily = connection.execute(select(skill_daily_stats.c.day, skill_daily_stats.c.downloads)).all()
+        distinct_hours = connection.execute(select(func.count(func.distinct(skill_hourly_stats.c.hour)))).scalar()
+    assert [tuple(r) for r in hourly] == [(hour, 7)]
+    assert [tuple(r) for r in daily] == [(day, 9)]
+    assert distinct_hours == 1
 
 
 @hypothesis.settings(
