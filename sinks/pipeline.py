@@ -55,7 +55,7 @@ COLLECTOR_THRESHOLD = 1_000_000
 
 
 class FetchedRecord(Protocol):
-    """What the batch drain needs of a record: aiokafka's records as read (streams/windows.py, RecordsAsRead), its
+    """What the batch drain needs of a record: aiokafka's records as read (streams/aiokafka_records.py), its
     ConsumerRecord, and RawRecord all fit (a record's partition is its batch's key)."""
 
     offset: int

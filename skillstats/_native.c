@@ -23,6 +23,9 @@ of reading it:
 - `window_rows` is sinks/windows.py's `fold_rows`: the windows' rows in key
   order for the upserts, the same as `rows_of(fold(...))` in Python; and
   `fold_skills` the loop of sinks/docstats.py's `PartitionDeltas.add_decoded`.
+- `records_from` is the loop of streams/aiokafka_records.py's `_records_from`:
+  a record batch's records from a position on, as aiokafka's generator keeps
+  them one at a time (it owns each record it reads, so nothing is borrowed).
 
 The folds take a snapshot of the events they are handed (a tuple): reading an
 attribute of something that is not a StatEvent can run Python code, and a
@@ -984,6 +987,45 @@ fail:
     return NULL;
 }
 
+/* ---- the windows worker's fetch path ---------------------------------------------------------- */
+
+/* A record batch's records as aiokafka hands them on (streams/aiokafka_records.py), in one C loop where aiokafka's
+   generator ran Python per record. */
+
+PyDoc_STRVAR(records_from_doc,
+             "records_from(batch, position) -> list\n\n"
+             "The records of `batch` (any iterable of records with an int `offset`), in order, skipping each one\n"
+             "whose offset is below the position as it stands at it: `position`, then one past the offset of the\n"
+             "last record kept. aiokafka's PartitionRecords keeps a batch's records so, one at a time.");
+
+static PyObject *records_from(PyObject *self, PyObject *args) {
+    PyObject *batch;
+    long long position;
+    if (!PyArg_ParseTuple(args, "OL", &batch, &position))
+        return NULL;
+    PyObject *records = PyObject_GetIter(batch);
+    if (records == NULL)
+        return NULL;
+    PyObject *kept = PyList_New(0);
+    PyObject *record;
+    while (kept != NULL && (record = PyIter_Next(records)) != NULL) {
+        PyObject *value = PyObject_GetAttr(record, str_offset);
+        long long offset = value == NULL ? -1 : PyLong_AsLongLong(value);
+        Py_XDECREF(value);
+        if (offset == LLONG_MAX) /* one past it is no int64 (nor any offset Kafka hands out) */
+            PyErr_SetString(PyExc_OverflowError, "offset too large");
+        if (PyErr_Occurred() || (offset >= position && PyList_Append(kept, record) < 0))
+            Py_CLEAR(kept);
+        else if (offset >= position)
+            position = offset + 1;
+        Py_DECREF(record);
+    }
+    Py_DECREF(records);
+    if (kept != NULL && PyErr_Occurred())
+        Py_CLEAR(kept);
+    return kept;
+}
+
 /* ---- configuration ---------------------------------------------------------------------- */
 
 PyDoc_STRVAR(configure_doc,
@@ -1042,6 +1084,7 @@ static PyMethodDef methods[] = {
     {"window_rows", window_rows, METH_VARARGS, window_rows_doc},
     {"fold_skills", fold_skills, METH_VARARGS, fold_skills_doc},
     {"take_run", take_run, METH_VARARGS, take_run_doc},
+    {"records_from", records_from, METH_VARARGS, records_from_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -80,7 +80,14 @@ if _native_source is not None and _native_source.is_file():
 # Where no source lies beside the module (a package built before it shipped its source, or one whose source was
 # removed), one built from an older source may lack a function this code calls, and would fail where it is first
 # called (docsync's import). It is left unused too.
-_NATIVE_FUNCTIONS: Final = ("configure", "decode_valid", "window_rows", "fold_skills", "take_run")
+_NATIVE_FUNCTIONS: Final = (
+    "configure",
+    "decode_valid",
+    "window_rows",
+    "fold_skills",
+    "take_run",
+    "records_from",
+)
 _native_lacks = [name for name in _NATIVE_FUNCTIONS if not hasattr(native, name)] if native is not None else []
 if _native_lacks:
     NATIVE_MISSING = (

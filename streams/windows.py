@@ -40,7 +40,6 @@ Kafka's committed offsets (docs/contract.md, exactly once):
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import gc
 import itertools
@@ -81,6 +80,7 @@ from skillstats.sinks.rebuild import RebuildSink
 from skillstats.sinks.recovery import describe
 from skillstats.sinks.windows import WindowsSink
 from skillstats.startup import Starting, wait_for_dependencies
+from skillstats.streams.aiokafka_records import RecordsAsRead
 
 log = logging.getLogger(__name__)
 # /healthz fails when the event loop has not turned for this long: long enough for
@@ -472,31 +472,6 @@ async def _seek_in_thread(consumer: Any, targets: Mapping[TP, int], steps: Any) 
             continue
         done.add(tp)
     return assignment, next(steps), done
-
-
-def _as_read(_tp: Any, record: Any) -> Any:
-    return record
-
-
-class RecordsAsRead(collections.OrderedDict):  # type: ignore[type-arg]
-    """aiokafka's buffer of fetched partitions (its Fetcher's `_records`), handing on each record as aiokafka read
-    it from the batch rather than as a ConsumerRecord.
-
-    For every record aiokafka builds a ConsumerRecord, a dataclass of eleven fields filled in Python
-    (`PartitionRecords._consumer_record`), then this worker reads five of them once: with the GC-tracked object
-    it leaves behind per record, that was a tenth of a backfill's CPU. The record aiokafka read (its C
-    `DefaultRecord`, or the legacy formats' record) has the same five (`offset`, `timestamp`, `key`, `value`,
-    `headers`, the FetchedRecord protocol of sinks/pipeline.py), so each partition's records are handed on as
-    they are, set per partition as aiokafka adds it here (the one place it does), only when no deserializer is
-    configured (faust configures none). aiokafka's own work is untouched: transaction markers and aborted
-    records are skipped and the position kept as before. tests/test_faust_pins.py checks the members relied on.
-    """
-
-    def __setitem__(self, tp: Any, result: Any) -> None:
-        records = getattr(result, "_partition_records", None)
-        if records is not None and records._key_deserializer is None and records._value_deserializer is None:
-            records._consumer_record = _as_read
-        super().__setitem__(tp, result)
 
 
 class Fetch(NamedTuple):

@@ -20,11 +20,11 @@ import aiokafka
 from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as aiokafka_driver
 
+from skillstats.streams.aiokafka_records import RecordsAsRead
 from skillstats.streams.windows import (
     PARTITION_FETCH_MIB,
     FencedConsumer,
     ReadCommittedConsumerThread,
-    RecordsAsRead,
     WindowsApp,
 )
 
@@ -109,38 +109,78 @@ def _partition_records(key_deserializer: Any = None) -> Any:
     )
 
 
-def test_records_as_read_carry_what_consumer_records_would() -> None:
-    """RecordsAsRead (streams/windows.py) hands on the records aiokafka read instead of the ConsumerRecords it
-    would build from them: the same offsets, timestamps, keys, values and headers, from the position on (the
-    record below it skipped as before), and the position moved as before; only where no deserializer is set.
-    The members it relies on: the Fetcher adds each partition's records to its `_records` (an OrderedDict made
-    once) by item assignment, and PartitionRecords builds each record through `self._consumer_record`."""
+# What streams/aiokafka_records.py copied, a record batch at a time: aiokafka's per-record loop and the getall
+# around it, as they read in aiokafka 0.14. A change to either is to be read and carried over before this passes.
+COPIED_FROM_AIOKAFKA = {
+    "PartitionRecords._unpack_records": "b803e6d46480732c7a7faa8e784b338bcdd4e707ea67fba96c013654b04b8a08",
+    "FetchResult.getall": "3e717e30de5068d549dd41b231928c67a24e832a928d48bac5f485e448daa903",
+}
+
+
+def test_the_code_whole_batches_stands_for_is_the_code_it_was_copied_from() -> None:
+    """RecordsAsRead (streams/aiokafka_records.py) gives each FetchResult added to the Fetcher's `_records` (an
+    OrderedDict made once, filled by item assignment) its own `getall`, which `fetched_records` calls on every
+    FetchResult it takes records from; what that getall does is aiokafka's, copied: the source must be the
+    same, and the members it reads must be there."""
+    import hashlib
+
     from aiokafka.consumer import fetcher
-    from aiokafka.structs import ConsumerRecord
 
     assert "self._records = collections.OrderedDict()" in inspect.getsource(fetcher.Fetcher.__init__)
     assert "self._records[tp] = FetchResult(" in inspect.getsource(fetcher.Fetcher._proc_fetch_request)
-    assert "self._consumer_record(tp, record)" in inspect.getsource(fetcher.PartitionRecords._unpack_records)
+    taken = inspect.getsource(fetcher.Fetcher.fetched_records)
+    assert "type(res_or_error) is FetchResult" in taken and "res_or_error.getall(max_records)" in taken
+    for name, digest in COPIED_FROM_AIOKAFKA.items():
+        owner, member = name.split(".")
+        source = inspect.getsource(getattr(getattr(fetcher, owner), member))
+        assert hashlib.sha256(source.encode()).hexdigest() == digest, name
+    for member in ("check_assignment", "has_more", "_update_position"):
+        assert callable(getattr(fetcher.FetchResult, member)), member
+    for member in ("_consume_aborted_up_to", "_contains_abort_marker"):
+        assert callable(getattr(fetcher.PartitionRecords, member)), member
+    init = inspect.getsource(fetcher.PartitionRecords.__init__)
+    for member in ("_tp", "_records", "_aborted_producers", "_key_deserializer", "_value_deserializer"):
+        assert f"self.{member} = " in init, member
+    for member in ("_check_crcs", "_isolation_level", "next_fetch_offset", "_records_iterator"):
+        assert f"self.{member} = " in init, member
+    result = inspect.getsource(fetcher.FetchResult.__init__)
+    assert "self._topic_partition = tp" in result and "self._partition_records = partition_records" in result
 
-    built = _partition_records()
-    expected = list(built)
-    assert all(isinstance(r, ConsumerRecord) for r in expected) and [r.offset for r in expected] == [1, 2]
 
-    buffer = RecordsAsRead()
-    read = _partition_records()
+def test_records_as_read_carry_what_consumer_records_would() -> None:
+    """RecordsAsRead hands on the records aiokafka read instead of the ConsumerRecords it would build from them:
+    the same offsets, timestamps, keys, values and headers, from the position on (the record below it skipped
+    as before), and the position moved as before; only where no deserializer is set."""
+    from aiokafka.consumer import fetcher
+    from aiokafka.consumer.subscription_state import Assignment
+    from aiokafka.structs import ConsumerRecord
+
     tp = aiokafka.TopicPartition("t", 3)
-    buffer[tp] = fetcher.FetchResult(tp, assignment=None, partition_records=read, backoff=0)
-    as_read = list(read)
+
+    def result(records: Any) -> Any:
+        assignment = Assignment({tp})
+        assignment.state_value(tp).seek(1)
+        return fetcher.FetchResult(tp, assignment=assignment, partition_records=records, backoff=0)
+
+    async def read() -> tuple[list[Any], list[Any], Any, Any]:
+        built, read = result(_partition_records()), result(_partition_records())
+        RecordsAsRead()[tp] = read
+        expected, as_read = built.getall(None), read.getall(None)
+        return expected, as_read, built._assignment.state_value(tp), read._assignment.state_value(tp)
+
+    expected, as_read, built_state, read_state = asyncio.run(read())
+    assert all(isinstance(r, ConsumerRecord) for r in expected) and [r.offset for r in expected] == [1, 2]
     assert not any(isinstance(r, ConsumerRecord) for r in as_read)
     assert [(r.offset, r.timestamp, r.key, r.value, tuple(r.headers)) for r in as_read] == [
         (r.offset, r.timestamp, r.key, r.value, tuple(r.headers)) for r in expected
     ]
-    assert read.next_fetch_offset == built.next_fetch_offset == 3
+    assert read_state.position == built_state.position == 3
 
-    deserialized = _partition_records(key_deserializer=lambda key: key and key.upper())
-    buffer[tp] = fetcher.FetchResult(tp, assignment=None, partition_records=deserialized, backoff=0)
-    records = list(deserialized)
-    assert all(isinstance(r, ConsumerRecord) for r in records) and [r.key for r in records] == [None, b"SKILL-2"]
+    deserialized = fetcher.FetchResult(
+        tp, assignment=None, partition_records=_partition_records(key_deserializer=bytes.upper), backoff=0
+    )
+    RecordsAsRead()[tp] = deserialized
+    assert "getall" not in vars(deserialized)  # left to aiokafka: its ConsumerRecords, deserialized
 
 
 def test_with_auto_offset_reset_none_aiokafka_reports_instead_of_resetting() -> None:

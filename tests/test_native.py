@@ -447,3 +447,43 @@ def test_an_installed_package_ships_the_source_its_module_is_checked_against() -
     project = tomllib.loads((root / "pyproject.toml").read_text())
     assert "_native.c" in project["tool"]["setuptools"]["package-data"]["skillstats"]
     assert project["tool"]["setuptools"]["package-dir"]["skillstats"] == "skillstats"
+
+
+class _Read:
+    """A record as aiokafka reads it, by its offset."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+
+@given(offsets=st.lists(st.integers(-3, 30), max_size=20), position=st.integers(-5, 35))
+def test_records_from_keeps_what_aiokafkas_loop_keeps(offsets: list[int], position: int) -> None:
+    """`records_from` is streams/aiokafka_records.py's loop: each record at or past the position as it stands at
+    it, whatever order the offsets come in (Kafka's rise; the loop must not rely on it)."""
+    assert native is not None
+    records = [_Read(offset) for offset in offsets]
+    kept, at = [], position
+    for record in records:
+        if record.offset >= at:
+            kept.append(record)
+            at = record.offset + 1
+    assert native.records_from(iter(records), position) == kept
+
+
+def test_records_from_raises_what_a_record_raises() -> None:
+    """A record without an offset, an offset that is no int, or a batch that fails mid-way raises out of the C
+    loop as it would out of Python's; so does the one offset past which no int64 is left."""
+    assert native is not None
+
+    def failing() -> Any:
+        yield _Read(1)
+        raise ValueError("batch cut short")
+
+    with pytest.raises(ValueError, match="batch cut short"):
+        native.records_from(failing(), 0)
+    with pytest.raises(AttributeError):
+        native.records_from([object()], 0)
+    with pytest.raises(TypeError):
+        native.records_from([_Read("1")], 0)  # type: ignore[arg-type]
+    with pytest.raises(OverflowError):
+        native.records_from([_Read(2**63 - 1)], 0)  # one past it is no offset
