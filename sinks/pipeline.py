@@ -55,14 +55,71 @@ COLLECTOR_THRESHOLD = 1_000_000
 
 
 class FetchedRecord(Protocol):
-    """What the batch drain needs of a record: aiokafka's records as read (streams/aiokafka_records.py), its
-    ConsumerRecord, and RawRecord all fit (a record's partition is its batch's key)."""
+    """What the batch drain needs of a record (a record's partition is its batch's key): RecordColumns' records
+    (streams/aiokafka_records.py reads aiokafka's fetches into columns) and aiokafka's own records and
+    ConsumerRecord all fit."""
 
     offset: int
     timestamp: int | None
     key: bytes | None
     value: bytes | None
     headers: Sequence[tuple[str, bytes | None]]
+
+
+class ColumnRecord(NamedTuple):
+    """One record of RecordColumns, made when asked for (a rare path: a filter after a seek, a rejected record)."""
+
+    offset: int
+    timestamp: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[tuple[str, bytes | None]]
+
+
+class RecordColumns(Sequence[ColumnRecord]):
+    """A run of one partition's fetched records as five columns, in fetch order: what the drain reads of each
+    record, with no object per record (streams/aiokafka_records.py reads record batches straight into them).
+
+    decode_batch reads the columns as they are; anything else sees a Sequence of FetchedRecord (`ColumnRecord`,
+    made per item asked for). A record without headers has an empty tuple.
+    """
+
+    __slots__ = ("headers", "keys", "offsets", "timestamps", "values")
+
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+        self.timestamps: list[int | None] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.headers: list[Sequence[tuple[str, bytes | None]]] = []
+
+    @property
+    def columns(self) -> tuple[list[Any], ...]:
+        return self.offsets, self.timestamps, self.keys, self.values, self.headers
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            part = RecordColumns()
+            for mine, theirs in zip(self.columns, part.columns, strict=True):
+                theirs[:] = mine[index]
+            return part
+        return ColumnRecord(*(column[index] for column in self.columns))
+
+    def extend(self, records: Sequence[FetchedRecord]) -> None:
+        """Append `records` (columns: theirs appended whole; any other records: theirs read)."""
+        if isinstance(records, RecordColumns):
+            for mine, theirs in zip(self.columns, records.columns, strict=True):
+                mine += theirs
+            return
+        for record in records:
+            self.offsets.append(record.offset)
+            self.timestamps.append(record.timestamp)
+            self.keys.append(record.key)
+            self.values.append(record.value)
+            self.headers.append(record.headers)
 
 
 def replayed_from(raw: FetchedRecord) -> bytes | None:
@@ -106,8 +163,12 @@ def decode_batch(
     for partition, raws in fetched.items():
         if not raws:
             continue
-        stamps = [raw.timestamp for raw in raws]
-        events, invalid = decode_many([raw.key for raw in raws], [raw.value for raw in raws], stamps)
+        if isinstance(raws, RecordColumns):
+            offsets, stamps, keys, values = raws.offsets, raws.timestamps, raws.keys, raws.values
+        else:
+            offsets, stamps = [raw.offset for raw in raws], [raw.timestamp for raw in raws]
+            keys, values = [raw.key for raw in raws], [raw.value for raw in raws]
+        events, invalid = decode_many(keys, values, stamps)
         for index, why in invalid:
             raw = raws[index]
             parcels.append(
@@ -119,7 +180,6 @@ def decode_batch(
                     raw.timestamp,
                 )
             )
-        offsets = [raw.offset for raw in raws]
         parts.append(PartitionBatch(partition, offsets, events, since[partition], until.get(partition)))
         newest = max(map(_OCCURRED_AT, filter(None, events)), default=None)
         if newest is not None:
@@ -360,7 +420,7 @@ class BatchSink:
         self.max_pending = max_pending
         self.commit = commit
         self.on_behind = on_behind
-        self.pending: dict[int, list[FetchedRecord]] = {}
+        self.pending: dict[int, RecordColumns] = {}
         self.pending_since: dict[int, int] = {}
         self.pending_until: dict[int, int] = {}  # where the reads stood, past markers (when past the records)
         self.pending_count = 0
@@ -377,7 +437,7 @@ class BatchSink:
             if not records and until is None:
                 continue
             if partition not in self.pending_since:
-                self.pending[partition] = []
+                self.pending[partition] = RecordColumns()
                 self.pending_since[partition] = since
             self.pending[partition].extend(records)
             self.pending_count += len(records)

@@ -23,9 +23,9 @@ of reading it:
 - `window_rows` is sinks/windows.py's `fold_rows`: the windows' rows in key
   order for the upserts, the same as `rows_of(fold(...))` in Python; and
   `fold_skills` the loop of sinks/docstats.py's `PartitionDeltas.add_decoded`.
-- `records_from` is the loop of streams/aiokafka_records.py's `_records_from`:
-  a record batch's records from a position on, as aiokafka's generator keeps
-  them one at a time (it owns each record it reads, so nothing is borrowed).
+- `batch_columns` is streams/aiokafka_records.py's Python loop over a record
+  batch, `_columns_from`: a v2 batch's records from a position on, read from its
+  bytes into the drain's columns, where aiokafka built a record object each.
 
 The folds take a snapshot of the events they are handed (a tuple): reading an
 attribute of something that is not a StatEvent can run Python code, and a
@@ -989,41 +989,165 @@ fail:
 
 /* ---- the windows worker's fetch path ---------------------------------------------------------- */
 
-/* A record batch's records as aiokafka hands them on (streams/aiokafka_records.py), in one C loop where aiokafka's
-   generator ran Python per record. */
+/* A v2 record batch's records (Kafka's DefaultRecord, after the batch's header and any decompression) read
+   straight into the columns the windows drain reads (streams/aiokafka_records.py): no record object per record,
+   where aiokafka's reader built one and the drain then read five attributes of each. It reads what aiokafka's
+   DefaultRecordBatch reads, in the same order, and refuses what it refuses. */
 
-PyDoc_STRVAR(records_from_doc,
-             "records_from(batch, position) -> list\n\n"
-             "The records of `batch` (any iterable of records with an int `offset`), in order, skipping each one\n"
-             "whose offset is below the position as it stands at it: `position`, then one past the offset of the\n"
-             "last record kept. aiokafka's PartitionRecords keeps a batch's records so, one at a time.");
-
-static PyObject *records_from(PyObject *self, PyObject *args) {
-    PyObject *batch;
-    long long position;
-    if (!PyArg_ParseTuple(args, "OL", &batch, &position))
-        return NULL;
-    PyObject *records = PyObject_GetIter(batch);
-    if (records == NULL)
-        return NULL;
-    PyObject *kept = PyList_New(0);
-    PyObject *record;
-    while (kept != NULL && (record = PyIter_Next(records)) != NULL) {
-        PyObject *value = PyObject_GetAttr(record, str_offset);
-        long long offset = value == NULL ? -1 : PyLong_AsLongLong(value);
-        Py_XDECREF(value);
-        if (offset == LLONG_MAX) /* one past it is no int64 (nor any offset Kafka hands out) */
-            PyErr_SetString(PyExc_OverflowError, "offset too large");
-        if (PyErr_Occurred() || (offset >= position && PyList_Append(kept, record) < 0))
-            Py_CLEAR(kept);
-        else if (offset >= position)
-            position = offset + 1;
-        Py_DECREF(record);
+/* Kafka's zig-zag varint of at most ten bytes (aiokafka's decode_varint). 0 at the end of the data or past ten. */
+static inline int read_varint(const unsigned char **at, const unsigned char *end, long long *out) {
+    unsigned long long value = 0;
+    for (int shift = 0; shift < 70; shift += 7) {
+        if (*at >= end)
+            return 0;
+        unsigned char byte = *(*at)++;
+        value |= (unsigned long long)(byte & 0x7f) << shift;
+        if (!(byte & 0x80)) {
+            *out = (long long)(value >> 1) ^ -(long long)(value & 1);
+            return 1;
+        }
     }
-    Py_DECREF(records);
-    if (kept != NULL && PyErr_Occurred())
-        Py_CLEAR(kept);
-    return kept;
+    return 0;
+}
+
+/* A length-prefixed field: its bytes, or NULL (length -1, or any negative: aiokafka reads them all as None). 0 if
+   it runs past the data. */
+static inline int read_field(const unsigned char **at, const unsigned char *end, const unsigned char **start,
+                             long long *length) {
+    if (!read_varint(at, end, length))
+        return 0;
+    if (*length < 0) {
+        *start = NULL;
+        return 1;
+    }
+    if (*length > end - *at)
+        return 0;
+    *start = *at;
+    *at += *length;
+    return 1;
+}
+
+static int append_new(PyObject *list, PyObject *item) {
+    if (item == NULL)
+        return -1;
+    int failed = PyList_Append(list, item);
+    Py_DECREF(item);
+    return failed;
+}
+
+static PyObject *field_bytes(const unsigned char *start, long long length) {
+    if (start == NULL)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)start, (Py_ssize_t)length);
+}
+
+PyDoc_STRVAR(batch_columns_doc,
+             "batch_columns(records, count, base_offset, first_timestamp, append_time, position, columns) -> int\n\n"
+             "Read `count` records of a v2 record batch (`records`: the bytes after its header, decompressed) and\n"
+             "append each one at or past the position as it stands at it (`position`, then one past the last kept)\n"
+             "to `columns`: five lists (offsets, timestamps, keys, values, headers; a record without headers gets\n"
+             "an empty tuple, one with headers a list of (str, bytes or None)). A record's timestamp is\n"
+             "`append_time` when that is not None (the batch's max timestamp, LOG_APPEND_TIME), else\n"
+             "`first_timestamp` plus its delta. Returns the position after. ValueError for data aiokafka would not\n"
+             "read: a field past the end, a record whose length does not match, bytes left after the last record.");
+
+static PyObject *batch_columns(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    Py_ssize_t count;
+    long long base_offset, first_timestamp, position;
+    PyObject *append_time, *offsets, *stamps, *keys, *values, *headers;
+    if (!PyArg_ParseTuple(args, "y*nLLOL(O!O!O!O!O!)", &data, &count, &base_offset, &first_timestamp, &append_time,
+                          &position, &PyList_Type, &offsets, &PyList_Type, &stamps, &PyList_Type, &keys,
+                          &PyList_Type, &values, &PyList_Type, &headers))
+        return NULL;
+    long long fixed_stamp = 0;
+    int fixed = append_time != Py_None;
+    if (fixed && (fixed_stamp = PyLong_AsLongLong(append_time)) == -1 && PyErr_Occurred()) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    const unsigned char *at = data.buf, *end = at + data.len;
+    const char *corrupt = NULL;
+    for (Py_ssize_t i = 0; i < count && corrupt == NULL; i++) {
+        long long length, attributes, stamp_delta, offset_delta, key_length, value_length, header_count;
+        const unsigned char *key, *value;
+        if (!read_varint(&at, end, &length)) {
+            corrupt = "a record's length runs past the batch";
+            break;
+        }
+        const unsigned char *start = at;
+        if (!read_varint(&at, end, &attributes) || !read_varint(&at, end, &stamp_delta) ||
+            !read_varint(&at, end, &offset_delta) || !read_field(&at, end, &key, &key_length) ||
+            !read_field(&at, end, &value, &value_length) || !read_varint(&at, end, &header_count)) {
+            corrupt = "a record runs past the batch";
+            break;
+        }
+        if (header_count < 0) {
+            corrupt = "a record has a negative number of headers";
+            break;
+        }
+        long long offset, stamp = 0;
+        if (__builtin_add_overflow(base_offset, offset_delta, &offset) ||
+            (!fixed && __builtin_add_overflow(first_timestamp, stamp_delta, &stamp))) {
+            corrupt = "a record's offset or timestamp is past 64 bits";
+            break;
+        }
+        int keep = offset >= position;
+        /* Every header is read (its key decoded) whether the record is kept or not, as aiokafka reads them. */
+        PyObject *record_headers = header_count == 0 ? (keep ? PyTuple_New(0) : Py_NewRef(Py_None)) : PyList_New(0);
+        if (record_headers == NULL)
+            goto failed;
+        for (long long h = 0; h < header_count; h++) {
+            const unsigned char *name, *content;
+            long long name_length, content_length;
+            if (!read_field(&at, end, &name, &name_length) || !read_field(&at, end, &content, &content_length)) {
+                corrupt = "a record's header runs past the batch";
+                break;
+            }
+            if (name == NULL) {
+                corrupt = "a record's header has a negative key size";
+                break;
+            }
+            PyObject *text = PyUnicode_DecodeUTF8((const char *)name, (Py_ssize_t)name_length, NULL);
+            PyObject *raw = text == NULL ? NULL : field_bytes(content, content_length);
+            PyObject *pair = raw == NULL ? NULL : PyTuple_Pack(2, text, raw);
+            Py_XDECREF(text);
+            Py_XDECREF(raw);
+            if (append_new(record_headers, pair) < 0) {
+                Py_DECREF(record_headers);
+                goto failed;
+            }
+        }
+        if (corrupt == NULL && at - start != length)
+            corrupt = "a record's length does not match its fields";
+        if (corrupt != NULL || !keep) {
+            Py_DECREF(record_headers);
+            continue;
+        }
+        if (offset == LLONG_MAX) { /* one past it is no int64 (nor any offset Kafka hands out) */
+            Py_DECREF(record_headers);
+            corrupt = "a record's offset is past 64 bits";
+            break;
+        }
+        /* The headers first: the lists stay of one length whichever append fails (the caller drops them). */
+        if (append_new(headers, record_headers) < 0 || append_new(offsets, PyLong_FromLongLong(offset)) < 0 ||
+            append_new(stamps, PyLong_FromLongLong(fixed ? fixed_stamp : stamp)) < 0 ||
+            append_new(keys, field_bytes(key, key_length)) < 0 ||
+            append_new(values, field_bytes(value, value_length)) < 0)
+            goto failed;
+        position = offset + 1;
+    }
+    if (corrupt == NULL && at != end)
+        corrupt = "bytes are left after the batch's last record";
+    PyBuffer_Release(&data);
+    if (corrupt != NULL) {
+        PyErr_SetString(PyExc_ValueError, corrupt);
+        return NULL;
+    }
+    return PyLong_FromLongLong(position);
+failed:
+    PyBuffer_Release(&data);
+    return NULL;
 }
 
 /* ---- configuration ---------------------------------------------------------------------- */
@@ -1084,7 +1208,7 @@ static PyMethodDef methods[] = {
     {"window_rows", window_rows, METH_VARARGS, window_rows_doc},
     {"fold_skills", fold_skills, METH_VARARGS, fold_skills_doc},
     {"take_run", take_run, METH_VARARGS, take_run_doc},
-    {"records_from", records_from, METH_VARARGS, records_from_doc},
+    {"batch_columns", batch_columns, METH_VARARGS, batch_columns_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -86,7 +86,7 @@ _NATIVE_FUNCTIONS: Final = (
     "window_rows",
     "fold_skills",
     "take_run",
-    "records_from",
+    "batch_columns",
 )
 _native_lacks = [name for name in _NATIVE_FUNCTIONS if not hasattr(native, name)] if native is not None else []
 if _native_lacks:

@@ -80,7 +80,7 @@ from skillstats.sinks.rebuild import RebuildSink
 from skillstats.sinks.recovery import describe
 from skillstats.sinks.windows import WindowsSink
 from skillstats.startup import Starting, wait_for_dependencies
-from skillstats.streams.aiokafka_records import RecordsAsRead
+from skillstats.streams import aiokafka_records
 
 log = logging.getLogger(__name__)
 # /healthz fails when the event loop has not turned for this long: long enough for
@@ -495,8 +495,7 @@ async def _fetch_in_thread(consumer: Any, partitions: set[TP], timeout: float, m
     if consumer._closed or fetcher._closed:
         raise ConsumerStoppedError()
     lost: set[int] = set()
-    if type(fetcher._records) is not RecordsAsRead:
-        fetcher._records = RecordsAsRead(fetcher._records)
+    aiokafka_records.install(fetcher)
     with fetcher._subscriptions.fetch_context():
         try:
             records = await fetcher.fetched_records(

@@ -20,7 +20,7 @@ import aiokafka
 from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as aiokafka_driver
 
-from skillstats.streams.aiokafka_records import RecordsAsRead
+from skillstats.streams.aiokafka_records import KeptBytes, RecordsAsRead
 from skillstats.streams.windows import (
     PARTITION_FETCH_MIB,
     FencedConsumer,
@@ -127,7 +127,14 @@ def test_the_code_whole_batches_stands_for_is_the_code_it_was_copied_from() -> N
     from aiokafka.consumer import fetcher
 
     assert "self._records = collections.OrderedDict()" in inspect.getsource(fetcher.Fetcher.__init__)
-    assert "self._records[tp] = FetchResult(" in inspect.getsource(fetcher.Fetcher._proc_fetch_request)
+    from aiokafka.record.memory_records import MemoryRecords
+
+    fetching = inspect.getsource(fetcher.Fetcher._proc_fetch_request)
+    assert "self._records[tp] = FetchResult(" in fetching
+    # KeptBytes stands in for the reader by its name in the fetcher's module, made from the partition's bytes.
+    assert "records = MemoryRecords(part_data[-1])" in fetching and fetcher.MemoryRecords in (MemoryRecords, KeptBytes)
+    for member in ("has_next", "next_batch", "size_in_bytes"):
+        assert callable(getattr(MemoryRecords, member)), member
     taken = inspect.getsource(fetcher.Fetcher.fetched_records)
     assert "type(res_or_error) is FetchResult" in taken and "res_or_error.getall(max_records)" in taken
     for name, digest in COPIED_FROM_AIOKAFKA.items():

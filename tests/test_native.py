@@ -449,41 +449,84 @@ def test_an_installed_package_ships_the_source_its_module_is_checked_against() -
     assert project["tool"]["setuptools"]["package-dir"]["skillstats"] == "skillstats"
 
 
-class _Read:
-    """A record as aiokafka reads it, by its offset."""
+def _varint(value: int) -> bytes:
+    """Kafka's zig-zag varint."""
+    value = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out) + bytes([value])
 
-    def __init__(self, offset: int) -> None:
-        self.offset = offset
+
+def _field(data: bytes | None) -> bytes:
+    return _varint(-1) if data is None else _varint(len(data)) + data
 
 
-@given(offsets=st.lists(st.integers(-3, 30), max_size=20), position=st.integers(-5, 35))
-def test_records_from_keeps_what_aiokafkas_loop_keeps(offsets: list[int], position: int) -> None:
-    """`records_from` is streams/aiokafka_records.py's loop: each record at or past the position as it stands at
-    it, whatever order the offsets come in (Kafka's rise; the loop must not rely on it)."""
+def _record(offset_delta: int, stamp_delta: int, key: bytes | None, value: bytes | None, headers: Any) -> bytes:
+    body = b"\x00" + _varint(stamp_delta) + _varint(offset_delta) + _field(key) + _field(value)
+    body += _varint(len(headers)) + b"".join(_field(name.encode()) + _field(content) for name, content in headers)
+    return _varint(len(body)) + body
+
+
+_records = st.lists(
+    st.tuples(
+        st.integers(-5, 40),  # offset deltas in any order: the C loop must not rely on Kafka's rising ones
+        st.integers(-(2**40), 2**40),
+        st.one_of(st.none(), st.binary(max_size=20)),
+        st.one_of(st.none(), st.binary(max_size=300)),
+        st.lists(st.tuples(st.text(max_size=5), st.one_of(st.none(), st.binary(max_size=5))), max_size=2),
+    ),
+    max_size=12,
+)
+
+
+@given(records=_records, position=st.integers(-5, 1045), append_time=st.one_of(st.none(), st.integers(0, 2**45)))
+def test_batch_columns_keeps_what_aiokafkas_loop_keeps(records: list[Any], position: int, append_time: Any) -> None:
+    """`batch_columns` reads the records of a v2 batch's bytes into columns: each record at or past the position
+    as it stands at it, with its timestamp (the batch's first plus its delta, or the append time), key, value
+    and headers, as streams/aiokafka_records.py's Python loop keeps aiokafka's records."""
     assert native is not None
-    records = [_Read(offset) for offset in offsets]
-    kept, at = [], position
-    for record in records:
-        if record.offset >= at:
-            kept.append(record)
-            at = record.offset + 1
-    assert native.records_from(iter(records), position) == kept
+    data = b"".join(_record(*record) for record in records)
+    kept: list[tuple[Any, ...]] = []
+    at = position
+    for delta, stamp_delta, key, value, headers in records:
+        if 1000 + delta >= at:
+            stamp = append_time if append_time is not None else 1_700_000_000_000 + stamp_delta
+            kept.append((1000 + delta, stamp, key, value, tuple(headers) if headers else ()))
+            at = 1000 + delta + 1
+    columns: tuple[list[Any], ...] = ([], [], [], [], [])
+    after = native.batch_columns(data, len(records), 1000, 1_700_000_000_000, append_time, position, columns)
+    assert [(*row[:4], tuple(row[4])) for row in zip(*columns, strict=True)] == kept
+    assert after == at and all(type(row) is tuple for row in columns[4] if not row)
 
 
-def test_records_from_raises_what_a_record_raises() -> None:
-    """A record without an offset, an offset that is no int, or a batch that fails mid-way raises out of the C
-    loop as it would out of Python's; so does the one offset past which no int64 is left."""
+def test_batch_columns_refuses_what_does_not_read() -> None:
+    """A field past the end, a length that does not match, a record too few or bytes left over, a header key
+    that is no UTF-8, a negative header count or key: ValueError (aiokafka_records raises CorruptRecordException
+    for it), whatever was appended before left to the caller to drop; an offset past 64 bits: ValueError too."""
     assert native is not None
+    good = _record(0, 0, b"k", b"v", [("h", b"x")])
 
-    def failing() -> Any:
-        yield _Read(1)
-        raise ValueError("batch cut short")
+    def read(data: bytes, count: int = 1, base: int = 0) -> Any:
+        return native.batch_columns(data, count, base, 0, None, 0, ([], [], [], [], []))
 
-    with pytest.raises(ValueError, match="batch cut short"):
-        native.records_from(failing(), 0)
-    with pytest.raises(AttributeError):
-        native.records_from([object()], 0)
+    assert read(good) == 1
+    for data, count in [
+        (good[:-1], 1),  # cut short
+        (good, 2),  # a record missing
+        (good + b"\x00", 1),  # a byte left over
+        (_varint(len(good[1:]) + 1) + good[1:], 1),  # the length one past the fields
+        (good.replace(b"\x02h", b"\x02\xff"), 1),  # a header key that is no UTF-8
+        (_record(0, 0, None, None, [])[:-1] + _varint(-1), 1),  # a negative header count
+        (_varint(8) + b"\x00\x00\x00\x01\x01\x02" + _varint(-1) + b"\x00", 1),  # a negative header key
+        (_varint(11) + b"\x00\x00" + b"\xff" * 9, 1),  # a varint of more than ten bytes
+    ]:
+        with pytest.raises(ValueError):
+            read(data, count)
+    with pytest.raises(ValueError):
+        read(good, base=2**63 - 1)  # one past it is no offset
+    with pytest.raises(ValueError):
+        read(_record(5, 0, None, None, []), base=2**63 - 3)  # past 64 bits
     with pytest.raises(TypeError):
-        native.records_from([_Read("1")], 0)  # type: ignore[arg-type]
-    with pytest.raises(OverflowError):
-        native.records_from([_Read(2**63 - 1)], 0)  # one past it is no offset
+        native.batch_columns(good, 1, 0, 0, None, 0, ([], [], [], []))  # four columns

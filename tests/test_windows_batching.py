@@ -7,9 +7,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from skillstats.kafka import RawRecord
 from skillstats.sinks.batch import ApplyOutcome
-from skillstats.sinks.pipeline import BatchSink
+from skillstats.sinks.pipeline import BatchSink, ColumnRecord
 
 
 @dataclass
@@ -22,18 +21,18 @@ class FakePipeline:
     stop: threading.Event = field(default_factory=threading.Event)
 
     def process(
-        self, fetched: dict[int, list[RawRecord]], since: dict[int, int], until: dict[int, int] | None = None
+        self, fetched: dict[int, list[ColumnRecord]], since: dict[int, int], until: dict[int, int] | None = None
     ) -> ApplyOutcome:
         if not self.batches:
             self.release.wait(10)
         assert set(since) == set(fetched) and all(since[p] <= rs[0].offset for p, rs in fetched.items())
         self.since.append(dict(since))
-        assert all(r.partition == p for p, rs in fetched.items() for r in rs)
-        raws = [r for rs in fetched.values() for r in rs]
-        self.batches.append([(r.partition, r.offset) for r in raws])
+        assert all(r.key == b"%d" % p for p, rs in fetched.items() for r in rs)  # each partition's own
+        raws = [(p, r.offset) for p, rs in fetched.items() for r in rs]
+        self.batches.append(raws)
         ends: dict[int, int] = {}
-        for r in raws:
-            ends[r.partition] = max(ends.get(r.partition, 0), r.offset + 1)
+        for p, offset in raws:
+            ends[p] = max(ends.get(p, 0), offset + 1)
         return ApplyOutcome(applied=len(raws), next_offsets=ends)
 
 
@@ -46,9 +45,9 @@ class FakeCommits:
         return True
 
 
-def records(partition: int, offsets: range) -> tuple[int, list[RawRecord], None]:
-    """A fetch of `partition`: its records, read on from the first of them."""
-    return offsets.start, [RawRecord(partition, o, b"k", b"v") for o in offsets], None
+def records(partition: int, offsets: range) -> tuple[int, list[ColumnRecord], None]:
+    """A fetch of `partition`: its records (their key its number), read on from the first of them."""
+    return offsets.start, [ColumnRecord(o, 1_700_000_000_000, b"%d" % partition, b"v", ()) for o in offsets], None
 
 
 def test_records_of_a_partition_that_moved_never_meet_their_refetch_in_one_batch() -> None:
