@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Column, Connection, Table
+from sqlalchemy import Column, Connection, Table, bindparam, func, update
 from sqlalchemy.dialects import postgresql
 
 _EPOCH = datetime(1970, 1, 1)
@@ -90,6 +90,49 @@ def upsert_adding(
     connection.exec_driver_sql(_sqlite_upsert(table, tuple(keys), tuple(counters), touched, "?"), bound)
 
 
+def add_to_existing(
+    connection: Connection,
+    table: Table,
+    key: str,
+    counters: Sequence[str],
+    rows: list[tuple[Any, ...]],
+    touched: str,
+    now: datetime,
+) -> None:
+    """UPDATE adding `counters` to the rows of `table` whose `key` is each row's first value, then its counts;
+    a key with no row is left alone (nothing inserted: the table is someone else's, docs/contract.md). A NULL
+    counter counts from 0: a table created by its owner may have left a column without a default, and NULL + 1
+    would lose the count. Keys must be unique within `rows`.
+
+    PostgreSQL: the rows are locked in key order by one SELECT ... FOR UPDATE (two writers of overlapping keys
+    cannot deadlock each other), then added by one UPDATE joined to the columns as arrays, each spelled as its
+    text literal (`_pg_array_literal`). A statement per row (psycopg's executemany, SQLAlchemy building a
+    parameter dict per row) cost 0.3 CPU s per 20,000 rows in the client, a drain's largest cost after its
+    records. SQLite (one writer at a time, its statements run in the process): one UPDATE per row, in key order,
+    as before."""
+    if not rows:
+        return
+    if connection.dialect.name == "postgresql":
+        columns = list(zip(*rows, strict=True))
+        parameters = {f"c{i}": _pg_array_literal(column) or list(column) for i, column in enumerate(columns)}
+        locking, adding = _pg_unnest_update(table, key, tuple(counters), touched)
+        connection.exec_driver_sql(locking, {"c0": parameters["c0"]})
+        connection.exec_driver_sql(adding, {**parameters, "touched": now})
+        return
+    rows = sorted(rows)
+    statement = (
+        update(table)
+        .where(table.c[key] == bindparam("k0"))
+        .values(
+            {
+                **{name: func.coalesce(table.c[name], 0) + bindparam(f"k{i + 1}") for i, name in enumerate(counters)},
+                touched: now,
+            }
+        )
+    )
+    connection.execute(statement, [{f"k{i}": value for i, value in enumerate(row)} for row in rows])
+
+
 def renderer(column: Column[Any], dialect: Any) -> Callable[[Any], Any]:
     """A value of `column` as `dialect`'s driver takes it: SQLAlchemy's own bind processor (the text SQLite stores
     for a datetime or date, what an upsert's conflict compares), or the value itself where the type has none."""
@@ -145,6 +188,25 @@ def _pg_array_literal(values: Sequence[Any]) -> str | None:
         spelled = {value: str(value) for value in distinct}  # the ISO form, read whatever PostgreSQL's DateStyle
         return '{"' + '","'.join(map(spelled.__getitem__, values)) + '"}'
     return None
+
+
+@functools.cache
+def _pg_unnest_update(table: Table, key: str, counters: tuple[str, ...], touched: str) -> tuple[str, str]:
+    """`add_to_existing`'s two statements on PostgreSQL: the rows locked in key order, then the UPDATE."""
+    dialect = postgresql.dialect()
+    names = [key, *counters]
+    arrays = ", ".join(f"%(c{i})s::{table.c[name].type.compile(dialect=dialect)}[]" for i, name in enumerate(names))
+    key_array = f"%(c0)s::{table.c[key].type.compile(dialect=dialect)}[]"
+    locking = (
+        f"SELECT count(*) FROM (SELECT 1 FROM {table.name} WHERE {key} = ANY({key_array}) "
+        f"ORDER BY {key} FOR UPDATE) AS locked"
+    )
+    updates = ", ".join(f"{name} = COALESCE({table.name}.{name}, 0) + u.{name}" for name in counters)
+    adding = (
+        f"UPDATE {table.name} SET {updates}, {touched} = %(touched)s "
+        f"FROM unnest({arrays}) AS u({', '.join(names)}) WHERE {table.name}.{key} = u.{key}"
+    )
+    return locking, adding
 
 
 @functools.cache

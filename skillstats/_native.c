@@ -249,21 +249,23 @@ static PyObject *ascii_str(const unsigned char *bytes, Py_ssize_t length) {
     return s;
 }
 
-/* The event for one record, Py_None (borrowed) when it cannot be proven valid here, NULL on an error. */
-static PyObject *decode_one(PyObject *key, PyObject *value, PyObject *timestamp) {
+/* 1 when this module can prove one record valid (`w` read and `*kind_out` its kind), 0 when it leaves it to the
+   Python paths. Never raises: what it cannot read is not its to judge. decode_one and fold_records share it, so
+   the two cannot take different records. */
+static int check_one(PyObject *key, PyObject *value, PyObject *timestamp, Wire *wire, const Kind **kind_out) {
     if (!PyBytes_CheckExact(value) || !PyBytes_CheckExact(key))
-        return Py_None;
+        return 0;
     Py_ssize_t size = PyBytes_GET_SIZE(value);
     if (size > MAX_VALUE_BYTES)
-        return Py_None;
+        return 0;
     Wire w = {0};
     if (!read_wire((const unsigned char *)PyBytes_AS_STRING(value), size, &w))
-        return Py_None;
+        return 0;
     if (w.v != WIRE_VERSION || w.event_id_len < 1 || w.event_id_len > MAX_ID_CHARS || w.skill_id_len < 1 ||
         w.skill_id_len > MAX_ID_CHARS)
-        return Py_None;
+        return 0;
     if (PyBytes_GET_SIZE(key) != w.skill_id_len || memcmp(PyBytes_AS_STRING(key), w.skill_id, (size_t)w.skill_id_len))
-        return Py_None;
+        return 0;
     const Kind *kind = NULL;
     for (int i = 0; i < kind_count; i++) {
         if (kinds[i].length == w.kind_len && memcmp(kinds[i].bytes, w.kind, (size_t)w.kind_len) == 0) {
@@ -272,26 +274,37 @@ static PyObject *decode_one(PyObject *key, PyObject *value, PyObject *timestamp)
         }
     }
     if (kind == NULL)
-        return Py_None;
+        return 0;
     if (w.occurred_at < EPOCH_2000_MS || w.occurred_at > MAX_OCCURRED_AT_MS)
-        return Py_None;
+        return 0;
     if (timestamp != Py_None) {
         if (!PyLong_CheckExact(timestamp))
-            return Py_None;
+            return 0;
         int overflow = 0;
         long long stamp = PyLong_AsLongLongAndOverflow(timestamp, &overflow);
         if (overflow != 0 || (stamp == -1 && PyErr_Occurred())) {
             PyErr_Clear();
-            return Py_None;
+            return 0;
         }
         if (stamp >= 0 && w.occurred_at - MAX_FUTURE_SKEW_MS > stamp)
-            return Py_None;
+            return 0;
     }
     int with_delta = (w.seen & F_DELTA) != 0;
     if (with_delta && (w.all_time > MAX_ABS_DELTA || w.all_time < -MAX_ABS_DELTA || w.current > MAX_ABS_DELTA ||
                        w.current < -MAX_ABS_DELTA))
-        return Py_None;
+        return 0;
     if (kind->uses_delta && !with_delta)
+        return 0;
+    *wire = w;
+    *kind_out = kind;
+    return 1;
+}
+
+/* The event for one record, Py_None (borrowed) when it cannot be proven valid here, NULL on an error. */
+static PyObject *decode_one(PyObject *key, PyObject *value, PyObject *timestamp) {
+    Wire w;
+    const Kind *kind;
+    if (!check_one(key, value, timestamp, &w, &kind))
         return Py_None;
     PyObject *args[6] = {NULL, NULL, kind->name, NULL, NULL, NULL};
     Py_ssize_t nargs = kind->uses_delta ? 6 : 4;
@@ -422,6 +435,8 @@ static int add_counts(PyObject *counts, PyObject *key, const long long *values, 
     }
     Py_INCREF(row); /* PyNumber_Add may run code that drops it from `counts` */
     for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(row); i++) {
+        if (values[i] == 0)
+            continue; /* the same count: no new int (most of a row's adds are zeros) */
         PyObject *before = PyList_GET_ITEM(row, i);
         Py_INCREF(before);
         PyObject *after = add_int(before, values[i]);
@@ -761,6 +776,107 @@ static PyObject *fold_skills(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 fail:
     Py_DECREF(seq);
+    return NULL;
+}
+
+PyDoc_STRVAR(fold_records_doc,
+             "fold_records(keys, values, timestamps, fixed_skill_deltas, kinds, deltas) -> pending\n\n"
+             "decode_valid and fold_skills in one pass, with no event built: each record decode_valid would take is\n"
+             "counted into kinds and deltas as fold_skills counts its event; the indexes of the others are returned,\n"
+             "for the Python paths to decide and fold. Three sequences of one length, then three dicts.");
+
+static PyObject *fold_records(PyObject *self, PyObject *args) {
+    PyObject *key_arg, *value_arg, *timestamp_arg, *fixed, *kinds_seen, *deltas;
+    if (!PyArg_ParseTuple(args, "OOOO!O!O!", &key_arg, &value_arg, &timestamp_arg, &PyDict_Type, &fixed,
+                          &PyDict_Type, &kinds_seen, &PyDict_Type, &deltas))
+        return NULL;
+    if (event_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "skillstats._native is not configured");
+        return NULL;
+    }
+    /* Tuples, not the callers' lists: a new skill's row is a list, whose allocation may start the cyclic
+       collector, whose finalizers may run any code. */
+    PyObject *pending = NULL;
+    PyObject *keys = PySequence_Tuple(key_arg);
+    PyObject *values = keys ? PySequence_Tuple(value_arg) : NULL;
+    PyObject *timestamps = values ? PySequence_Tuple(timestamp_arg) : NULL;
+    if (timestamps == NULL)
+        goto fail;
+    Py_ssize_t n = PyTuple_GET_SIZE(values);
+    if (PyTuple_GET_SIZE(keys) != n || PyTuple_GET_SIZE(timestamps) != n) {
+        PyErr_SetString(PyExc_ValueError, "keys, values and timestamps must be of one length");
+        goto fail;
+    }
+    /* Each kind's effect read once per call, as fold_skills reads it per event: the fixed table's entry,
+       else the event's own delta (none on the wire for a kind that takes none: a StatEvent's zeros). */
+    long long effects[MAX_KINDS][3];
+    int has_effect[MAX_KINDS];
+    Py_ssize_t counted[MAX_KINDS] = {0};
+    for (int k = 0; k < kind_count; k++) {
+        PyObject *effect = PyDict_GetItemWithError(fixed, kinds[k].name); /* borrowed */
+        has_effect[k] = effect != NULL;
+        if (effect == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            continue;
+        }
+        if (!PyTuple_CheckExact(effect) || PyTuple_GET_SIZE(effect) != 3) {
+            PyErr_SetString(PyExc_TypeError, "a fixed effect is not a tuple of three ints");
+            goto fail;
+        }
+        for (Py_ssize_t j = 0; j < 3; j++) {
+            effects[k][j] = PyLong_AsLongLong(PyTuple_GET_ITEM(effect, j));
+            if (effects[k][j] == -1 && PyErr_Occurred())
+                goto fail;
+        }
+    }
+    pending = PyList_New(0);
+    if (pending == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Wire w;
+        const Kind *kind;
+        if (!check_one(PyTuple_GET_ITEM(keys, i), PyTuple_GET_ITEM(values, i), PyTuple_GET_ITEM(timestamps, i),
+                       &w, &kind)) {
+            PyObject *index = PyLong_FromSsize_t(i);
+            if (index == NULL || PyList_Append(pending, index) < 0) {
+                Py_XDECREF(index);
+                goto fail;
+            }
+            Py_DECREF(index);
+            continue;
+        }
+        int k = (int)(kind - kinds);
+        long long row[4] = {0, 0, 0, 1};
+        if (has_effect[k]) {
+            row[0] = effects[k][0];
+            row[1] = effects[k][1];
+            row[2] = effects[k][2];
+        } else if (kind->uses_delta) {
+            row[1] = w.all_time;
+            row[2] = w.current;
+        }
+        counted[k]++;
+        PyObject *skill_id = ascii_str(w.skill_id, w.skill_id_len);
+        if (skill_id == NULL)
+            goto fail;
+        int failed = add_counts(deltas, skill_id, row, 4);
+        Py_DECREF(skill_id);
+        if (failed)
+            goto fail;
+    }
+    for (int k = 0; k < kind_count; k++)
+        if (counted[k] && add_counts_scalar(kinds_seen, kinds[k].name, counted[k]) < 0)
+            goto fail;
+    Py_DECREF(keys);
+    Py_DECREF(values);
+    Py_DECREF(timestamps);
+    return pending;
+fail:
+    Py_XDECREF(keys);
+    Py_XDECREF(values);
+    Py_XDECREF(timestamps);
+    Py_XDECREF(pending);
     return NULL;
 }
 
@@ -1207,6 +1323,7 @@ static PyMethodDef methods[] = {
     {"decode_valid", decode_valid, METH_VARARGS, decode_valid_doc},
     {"window_rows", window_rows, METH_VARARGS, window_rows_doc},
     {"fold_skills", fold_skills, METH_VARARGS, fold_skills_doc},
+    {"fold_records", fold_records, METH_VARARGS, fold_records_doc},
     {"take_run", take_run, METH_VARARGS, take_run_doc},
     {"batch_columns", batch_columns, METH_VARARGS, batch_columns_doc},
     {NULL, NULL, 0, NULL},

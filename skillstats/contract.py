@@ -85,6 +85,7 @@ _NATIVE_FUNCTIONS: Final = (
     "decode_valid",
     "window_rows",
     "fold_skills",
+    "fold_records",
     "take_run",
     "batch_columns",
 )

@@ -55,7 +55,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Messa
 from sqlalchemy import insert, update
 
 from skillstats.config import Settings, redact_url
-from skillstats.contract import NATIVE_MISSING, decode_many, native
+from skillstats.contract import NATIVE_MISSING, native
 from skillstats.kafka import KafkaUnreachable, TopicMissing
 from skillstats.metrics import METRICS_HOST, Probes, docsync_held, drain_finished, serve
 from skillstats.positions import Positions
@@ -146,10 +146,10 @@ Columns = tuple[PartitionDeltas, list[bytes | None], list[bytes | None], list[in
 class MessageTaker:
     """What a drain reads, message by message: each record below the snapshot end into its partition's columns.
 
-    `taken` holds, per partition, what the messages of one consume() call handed over, to be decoded in one call
-    per partition (skillstats.contract.decode_many) before the next consume(): a revocation is only ever served
-    inside consume(), so a partition's records reach its deltas before it can be revoked, and revoked ones are
-    dropped whole. `finish(partition, reached)` says a partition has nothing more to read now.
+    `taken` holds, per partition, what the messages of one consume() call handed over, to be decoded and folded in
+    one call per partition (PartitionDeltas.add_records) before the next consume(): a revocation is only ever
+    served inside consume(), so a partition's records reach its deltas before it can be revoked, and revoked ones
+    are dropped whole. `finish(partition, reached)` says a partition has nothing more to read now.
 
     `take_all` hands the ordinary messages (no error, in a partition being read, below the snapshot's last
     offset) to skillstats._native.take_run, which does what `take` does for them in C, and `take` the rest: the
@@ -238,7 +238,7 @@ class MessageTaker:
     def add_taken(self) -> None:
         """Decode and fold what the last consume() call handed over, per partition."""
         for part, keys, values, stamps in self.taken.values():
-            part.add_decoded(*decode_many(keys, values, stamps))
+            part.add_records(keys, values, stamps)
         self.taken.clear()
 
 

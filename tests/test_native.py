@@ -300,6 +300,53 @@ def test_the_native_docsync_fold_is_the_python_fold(batches: list[list[StatEvent
     assert (with_native.deltas, with_native.kinds) == (without.deltas, without.kinds)
 
 
+@PROPERTY
+@given(batches=st.lists(st.lists(written_events(), max_size=12), max_size=4))
+def test_the_records_folded_in_c_count_as_their_decoded_events(
+    batches: list[list[tuple[bytes, bytes | None, int | None]]],
+) -> None:
+    """PartitionDeltas.add_records (fold_records: no event built, the rest to decode_many) against decode_many and
+    add_decoded without the C module, batch after batch into the same partition: the same deltas, kinds and
+    invalid reasons; and fold_records leaves to Python exactly the records decode_valid leaves."""
+    assert native is not None
+    folded = PartitionDeltas(0, 0, 0)
+    decoded = PartitionDeltas(0, 0, 0)
+    for batch in batches:
+        values = [value for value, _key, _stamp in batch]
+        keys = [key for _value, key, _stamp in batch]
+        stamps = [stamp for _value, _key, stamp in batch]
+        folded.add_records(keys, values, stamps)
+        with mock.patch.object(contract, "native", None), mock.patch.object(docstats, "native", None):
+            decoded.add_records(keys, values, stamps)
+        pending = native.fold_records(keys, values, stamps, contract.FIXED_SKILL_DELTAS, {}, {})
+        assert pending == native.decode_valid(keys, values, stamps)[1]
+    assert (folded.deltas, folded.kinds) == (decoded.deltas, decoded.kinds)
+    assert (folded.invalid, folded.invalid_reasons) == (decoded.invalid, decoded.invalid_reasons)
+
+
+def test_the_records_fold_counts_the_publishers_records_and_refuses_what_it_cannot_read() -> None:
+    """Every kind make_event writes is folded in C (nothing left pending), as its event would be; a fixed table
+    that is not the contract's shape, or columns of different lengths, are refused rather than misread."""
+    assert native is not None
+    events = [
+        make_event(f"sk_{i % 3}", kind, NOW - i, now_ms=NOW, **delta)  # type: ignore[arg-type]
+        for i, kind in enumerate(KINDS * 3)
+        for delta in [{"delta_all_time": i - 4, "delta_current": 2 - i} if EFFECTS[kind].uses_delta else {}]
+    ]
+    keys = [event.key for event in events]
+    values = [event.encode() for event in events]
+    kinds: dict[str, int] = {}
+    deltas: dict[str, list[int]] = {}
+    assert native.fold_records(keys, values, [NOW] * len(events), contract.FIXED_SKILL_DELTAS, kinds, deltas) == []
+    expected = PartitionDeltas(0, 0, 0)
+    expected.add_decoded(events, [])
+    assert (deltas, kinds) == (expected.deltas, expected.kinds)
+    with pytest.raises(TypeError):
+        native.fold_records(keys, values, [NOW] * len(events), {KINDS[0]: (1, 2)}, {}, {})
+    with pytest.raises(ValueError):
+        native.fold_records(keys, values, [NOW], contract.FIXED_SKILL_DELTAS, {}, {})
+
+
 def test_the_folds_survive_events_that_change_the_list_they_are_in() -> None:
     """An attribute that runs code (not a StatEvent's) and empties the list being folded: the folds read a
     snapshot, so they count what they were handed (found by a review: the borrowed items were freed)."""
@@ -417,7 +464,7 @@ def test_an_installed_module_lacking_a_function_is_left_unused() -> None:
         "print(contract.native is None, docsync.native_take_run is None, windows.native is None)\n"
         "print(contract.NATIVE_MISSING)\n",
     )
-    assert out.startswith("True True True\n") and "lacks take_run" in out
+    assert out.startswith("True True True\n") and "lacks fold_records, take_run" in out
 
 
 def test_the_functions_checked_at_import_are_the_modules_and_the_callers() -> None:

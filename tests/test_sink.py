@@ -340,3 +340,68 @@ def test_sqlite_connections_are_set_up_for_the_sink(tmp_path: Path) -> None:
         assert pragmas == ["wal", 1, 16384, 2560]
     finally:
         engine.dispose()
+
+
+@hypothesis.settings(
+    max_examples=40, deadline=None, suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture]
+)
+@hypothesis.given(
+    rows=st.lists(
+        st.tuples(
+            st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=64),
+            st.booleans(),
+            st.integers(-(10**12), 10**12),
+            st.integers(-(10**12), 10**12),
+            st.integers(-(10**12), 10**12),
+        ),
+        min_size=1,
+        max_size=30,
+        unique_by=lambda row: row[0],
+    )
+)
+def test_adding_to_existing_rows_adds_to_each_and_inserts_none(
+    sink: WindowsSink, rows: list[tuple[str, bool, int, int, int]]
+) -> None:
+    # docsync's UPDATE of the registry's `skills` (sinks/upserts.py, add_to_existing): on PostgreSQL one statement
+    # over arrays spelled by `_pg_array_literal`, so any id must meet its own row, and an id with no row must stay
+    # without one (the registry owns that table).
+    from datetime import datetime
+
+    from skillstats.sinks.schema import skills
+    from skillstats.sinks.upserts import add_to_existing
+
+    at = datetime(2026, 12, 4, 5, 6, 7)
+    with sink.engine.begin() as connection:
+        connection.execute(skills.delete())
+        present = [skill for skill, exists, *_ in rows if exists]
+        if present:
+            connection.execute(
+                skills.insert(),
+                [
+                    {"id": s, "owner_id": None, "downloads": 5, "installs_all_time": 6, "installs_current": 7}
+                    for s in present
+                ],
+            )
+        add_to_existing(
+            connection,
+            skills,
+            "id",
+            ("downloads", "installs_all_time", "installs_current"),
+            [(skill, d, a, c) for skill, _exists, d, a, c in rows],
+            "stats_updated_at",
+            at,
+        )
+    with sink.engine.connect() as connection:
+        stored = {
+            row[0]: tuple(row[1:])
+            for row in connection.execute(
+                select(
+                    skills.c.id,
+                    skills.c.downloads,
+                    skills.c.installs_all_time,
+                    skills.c.installs_current,
+                    skills.c.stats_updated_at,
+                )
+            )
+        }
+    assert stored == {skill: (5 + d, 6 + a, 7 + c, at) for skill, exists, d, a, c in rows if exists}
