@@ -102,16 +102,21 @@ def add_to_existing(
     """UPDATE adding `counters` to the rows of `table` whose `key` is each row's first value, then its counts;
     a key with no row is left alone (nothing inserted: the table is someone else's, docs/contract.md). A NULL
     counter counts from 0: a table created by its owner may have left a column without a default, and NULL + 1
-    would lose the count. Keys must be unique within `rows`.
+    would lose the count.
 
-    PostgreSQL: the rows are locked in key order by one SELECT ... FOR UPDATE (two writers of overlapping keys
-    cannot deadlock each other), then added by one UPDATE joined to the columns as arrays, each spelled as its
-    text literal (`_pg_array_literal`). A statement per row (psycopg's executemany, SQLAlchemy building a
-    parameter dict per row) cost 0.3 CPU s per 20,000 rows in the client, a drain's largest cost after its
-    records. SQLite (one writer at a time, its statements run in the process): one UPDATE per row, in key order,
-    as before."""
+    PostgreSQL: the rows are locked in key order by one SELECT ... FOR NO KEY UPDATE (two writers that lock this
+    way cannot deadlock each other over these rows), then added by one UPDATE joined to the columns as arrays,
+    each spelled as its text literal (`_pg_array_literal`). NO KEY UPDATE is the lock the UPDATE itself takes: a
+    plain FOR UPDATE would also block the owner's inserts of rows referencing these keys (a foreign key's KEY
+    SHARE), and deadlock with them, where the UPDATE alone never did. A statement per row (psycopg's
+    executemany, SQLAlchemy building a parameter dict per row) cost 0.3 CPU s per 20,000 rows in the client, a
+    drain's largest cost after its records. SQLite (one writer at a time, its statements run in the process): one
+    UPDATE per row, in key order, as before. Keys must be unique (refused otherwise): PostgreSQL's UPDATE ... FROM
+    would add only one of a key's rows."""
     if not rows:
         return
+    if len({row[0] for row in rows}) != len(rows):
+        raise ValueError("add_to_existing: a key is given more than once")
     if connection.dialect.name == "postgresql":
         columns = list(zip(*rows, strict=True))
         parameters = {f"c{i}": _pg_array_literal(column) or list(column) for i, column in enumerate(columns)}
@@ -199,7 +204,7 @@ def _pg_unnest_update(table: Table, key: str, counters: tuple[str, ...], touched
     key_array = f"%(c0)s::{table.c[key].type.compile(dialect=dialect)}[]"
     locking = (
         f"SELECT count(*) FROM (SELECT 1 FROM {table.name} WHERE {key} = ANY({key_array}) "
-        f"ORDER BY {key} FOR UPDATE) AS locked"
+        f"ORDER BY {key} FOR NO KEY UPDATE) AS locked"
     )
     updates = ", ".join(f"{name} = COALESCE({table.name}.{name}, 0) + u.{name}" for name in counters)
     adding = (

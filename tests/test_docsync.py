@@ -107,18 +107,18 @@ def test_two_drains_at_once_apply_everything_once(
     runs here, reading at about 0.2 ms a record, and the second (a real process) is
     started only once the first has read a thousand records.
     """
-    from skillstats.streams import docsync as docsync_module
+    from skillstats.sinks.docstats import PartitionDeltas
 
     settings, records, rows = loaded
-    real_decode_many = docsync_module.decode_many
+    real_add_records = PartitionDeltas.add_records
     decoded = [0]
 
-    def slow_decode_many(keys: Any, values: Any, timestamps: Any) -> Any:
+    def slow_add_records(part: PartitionDeltas, keys: Any, values: Any, timestamps: Any) -> None:
         decoded[0] += len(keys)
         time.sleep(0.0002 * len(keys))
-        return real_decode_many(keys, values, timestamps)
+        real_add_records(part, keys, values, timestamps)
 
-    monkeypatch.setattr(docsync_module, "decode_many", slow_decode_many)
+    monkeypatch.setattr(PartitionDeltas, "add_records", slow_add_records)
     first: list[DrainSummary] = []
     reader = threading.Thread(target=lambda: first.append(DocSync(settings).drain()), daemon=True)
     reader.start()

@@ -405,3 +405,41 @@ def test_adding_to_existing_rows_adds_to_each_and_inserts_none(
             )
         }
     assert stored == {skill: (5 + d, 6 + a, 7 + c, at) for skill, exists, d, a, c in rows if exists}
+
+
+def test_adding_to_existing_rows_waits_for_no_insert_that_references_them(database_url: str) -> None:
+    # The registry inserting a row that references a skill (a foreign key: a KEY SHARE lock on the skill's row)
+    # while a drain adds to that skill: the drain's row locks must be the UPDATE's own (NO KEY UPDATE), which do
+    # not conflict with it; FOR UPDATE would wait for the registry's transaction (here: time out after 1 s).
+    # And a key given twice is refused, where PostgreSQL's UPDATE ... FROM would add only one of its rows.
+    from datetime import datetime
+
+    from skillstats.sinks.schema import skills
+    from skillstats.sinks.upserts import add_to_existing
+
+    engine = open_engine(database_url, lock_timeout_s=1)
+    upgrade(engine)
+    counters = ("downloads", "installs_all_time", "installs_current")
+    at = datetime(2026, 12, 4, 5, 6, 7)
+    with engine.begin() as connection:
+        connection.execute(skills.insert(), [{"id": "a", "owner_id": None}, {"id": "b", "owner_id": None}])
+        with pytest.raises(ValueError, match="more than once"):
+            add_to_existing(
+                connection, skills, "id", counters, [("a", 1, 0, 0), ("a", 1, 0, 0)], "stats_updated_at", at
+            )
+    if engine.dialect.name != "postgresql":
+        return  # SQLite has no row locks
+    with engine.begin() as connection:
+        connection.execute(text("CREATE TABLE skill_stars (skill_id TEXT NOT NULL REFERENCES skills (id))"))
+    with engine.connect() as registry:
+        pending = registry.begin()
+        registry.execute(text("INSERT INTO skill_stars VALUES ('b')"))
+        with engine.begin() as connection:
+            add_to_existing(
+                connection, skills, "id", counters, [("a", 1, 0, 0), ("b", 2, 0, 0)], "stats_updated_at", at
+            )
+        registry.execute(text("UPDATE skills SET owner_id = 'u' WHERE id = 'a'"))
+        pending.commit()
+    with engine.connect() as connection:
+        stored = dict(connection.execute(select(skills.c.id, skills.c.downloads)).all())
+    assert stored == {"a": 1, "b": 2}
