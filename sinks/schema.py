@@ -174,6 +174,8 @@ ingest_requests = Table(
     Column("expires_at", DateTime, nullable=False, index=True),
     Column("renewed_at", DateTime, nullable=True),  # the lease renewed while the request waits on its commit
     Column("lease_until", DateTime, nullable=True),  # where the claimant's own lease ends (migration 0008)
+    # the id of the receipts topic the claim was made against (migration 0012); NULL: not known
+    Column("receipts_topic", Text, nullable=True),
 )
 
 # What `skillstats legacy import` applied from a Convex export of the system skillstats replaces

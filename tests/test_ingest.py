@@ -774,3 +774,120 @@ def test_receipts_are_found_by_key_and_lifetime_and_later_reads_see_later_commit
     finally:
         publisher.close(10)
         receipts.close()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_take_over_never_reads_a_receipts_topic_other_than_its_claims_as_nothing_committed(
+    settings: Settings,
+) -> None:
+    """The receipts topic deleted and created again under its name (an operator's tool, a restored cluster) has
+    lost the receipts it held: a claim made against the old topic, with no receipt in the new one, is `Lost`
+    (published nothing, its outcome cannot be known), whether its transaction had committed or not. A receipt
+    in the new topic is still the answer; a claim made against the new topic, or with no id (an older row),
+    reads it as before; and a topic missing that the claim named cannot tell (503), nor can a take-over whose
+    topic changed while it read."""
+    from datetime import datetime
+
+    from confluent_kafka.admin import AdminClient
+
+    from skillstats.ingest.idempotency import Claimed, Stale
+    from skillstats.ingest.receipts import Receipt, Receipts, ReceiptsLost, ReceiptsUnknown, receipt_partition
+    from skillstats.ingest.transactions import TransactionalPublisher
+    from tests.helpers import recreate_topic
+
+    receipts = Receipts(settings, timedelta(hours=1))
+    publisher = TransactionalPublisher(settings, "skillstats-ingest-recreated-test", 10, receipts=receipts)
+    now = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
+    keys = [f"scope:r{i}" for i in range(400) if receipt_partition(f"scope:r{i}".encode()) == 1][:6]
+
+    def claim(key: str, topic_id: str | None) -> Claimed:
+        return Claimed(key, now, now + timedelta(hours=1), "digest", topic_id)
+
+    def commit(claimed: Claimed) -> None:
+        receipt = receipts.record(claimed, 202, '{"accepted": 1}')
+        publisher.submit([], int(time.time() * 1000), receipt).result(30)
+
+    def stale(claimed: Claimed) -> Stale:
+        return Stale(claimed.key, claimed.claimed_at, None, claimed.expires_at, claimed.digest, claimed.receipts_topic)
+
+    receipts_topic = settings.override(topic=receipts.topic)
+    try:
+        commit(claim("scope:warm-up", None))  # the topic created, its id read
+        old_id = receipts.known_topic_id()
+        assert old_id is not None
+        committed, uncommitted = claim(keys[0], old_id), claim(keys[1], old_id)
+        commit(committed)
+        assert receipts.find(stale(committed), 10) == Receipt(202, '{"accepted": 1}')
+        assert receipts.find(stale(uncommitted), 10) is None
+
+        recreate_topic(receipts_topic, 6)
+        wait_until(lambda: receipts.topic_id(5) not in (None, old_id), 30, "the new topic's id")
+        new_id = receipts.topic_id(5)
+        with pytest.raises(ReceiptsLost):
+            receipts.find(stale(committed), 10)  # its receipt went with the old topic
+        with pytest.raises(ReceiptsLost):
+            receipts.find(stale(uncommitted), 10)
+        assert receipts.known_topic_id() == new_id  # what the next claims name
+
+        late = claim(keys[2], old_id)  # claimed before the id was read again, committed into the new topic
+        commit(late)
+        assert receipts.find(stale(late), 10) == Receipt(202, '{"accepted": 1}')
+        assert receipts.find(stale(claim(keys[3], new_id)), 10) is None
+        assert receipts.find(stale(claim(keys[4], None)), 10) is None
+
+        admin = AdminClient(settings.kafka_config())
+        for future in admin.delete_topics([receipts.topic], operation_timeout=30).values():
+            future.result(30)
+        wait_until(lambda: receipts.topic_id(5) is None, 30, "the topic to be gone")
+        with pytest.raises(ReceiptsUnknown):
+            receipts.find(stale(claim(keys[5], new_id)), 5)
+        assert receipts.find(stale(claim(keys[5], None)), 5) is None
+    finally:
+        publisher.close(10)
+        receipts.close()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_retry_whose_receipts_topic_was_created_again_is_refused_not_published_again(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A request committed (its receipt in the receipts topic) whose answer never reached SQL, as when its process
+    is killed between the two; then the receipts topic is deleted and created again. The retry, once the claim's
+    lease has run out, finds no receipt in the new topic: it is answered 409 (outcome unknown) and nothing is
+    published again, where reading the new topic as the old one would have counted the event twice."""
+    from sqlalchemy import text
+
+    from skillstats.ingest.receipts import receipts_topic
+    from skillstats.sinks.db import open_engine
+    from tests.helpers import recreate_topic
+
+    ingest, url = start_ingest(settings, tmp_path)
+    body = make_event("sk_recreated", "download", int(time.time() * 1000)).encode()
+    key = {"Idempotency-Key": "recreated-receipts"}
+    assert post(url, body, headers=key)[::2] == (202, {"accepted": 1})
+    engine = open_engine(settings.database_url)
+    with engine.begin() as connection:
+        # As if the answer had not been kept, and the lease had run out (twice the publish timeout + 40 s).
+        connection.execute(
+            text(
+                "UPDATE skillstats_ingest_requests SET status = NULL, response = NULL, "
+                "claimed_at = datetime(claimed_at, '-5 minutes'), lease_until = datetime(lease_until, '-5 minutes')"
+            )
+        )
+        assert connection.execute(text("SELECT receipts_topic FROM skillstats_ingest_requests")).scalar()
+    engine.dispose()
+    recreate_topic(settings.override(topic=receipts_topic(settings)), 6)
+    answers: list[tuple[int, Any]] = []
+
+    def answered() -> bool:  # 503 while the new topic's partitions have no leader yet: the client sends it again
+        status, _headers, answer = post(url, body, headers=key)
+        answers.append((status, answer))
+        return status != 503
+
+    wait_until(answered, 30, "an answer other than 503")
+    status, answer = answers[-1]
+    assert status == 409 and "cannot be known" in answer["error"], (status, answer)
+    assert post(url, body, headers=key)[0] == 409  # the same answer again, and still nothing published
+    assert [r.key for r in read_records(settings, settings.topic)] == [b"sk_recreated"]
+    assert ingest.terminate() == 0
+    assert "nothing published again" in ingest.log_path.read_text()

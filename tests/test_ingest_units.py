@@ -71,6 +71,28 @@ def lapse(store: IdempotencyStore, clock: Clock) -> None:
     clock.advance(store.lease + timedelta(seconds=1))
 
 
+def test_a_claim_names_the_receipts_topic_it_was_made_against_and_a_take_over_its_own(
+    store: IdempotencyStore, clock: Clock
+) -> None:
+    """The receipts topic's id a claim was made with is what its `Stale` carries to the take-over's read
+    (receipts.py compares it with the topic's id then); a take-over names the id it was made with, and a claim
+    with the id unknown carries None (judged as before)."""
+    first = store.claim("t:R", "body", "topic-id-1")
+    assert isinstance(first, Claimed) and first.receipts_topic == "topic-id-1"
+    lapse(store, clock)
+    stale = store.claim("t:R", "body", "topic-id-2")
+    assert isinstance(stale, Stale) and stale.receipts_topic == "topic-id-1"
+    taken = store.take_over(stale, "topic-id-2")
+    assert isinstance(taken, Claimed) and taken.receipts_topic == "topic-id-2"
+    lapse(store, clock)
+    again = store.claim("t:R", "body")
+    assert isinstance(again, Stale) and again.receipts_topic == "topic-id-2"
+    assert isinstance(store.take_over(again), Claimed)
+    lapse(store, clock)
+    unknown = store.claim("t:R", "body", "topic-id-3")
+    assert isinstance(unknown, Stale) and unknown.receipts_topic is None
+
+
 def test_a_late_commit_keeps_its_answer_after_its_key_was_taken_over(store: IdempotencyStore, clock: Clock) -> None:
     """The claim's lease ran out (its process could not renew it), another request found no receipt and took the
     key over; then the first commit is confirmed after all. Its answer is kept (both may have published: said
@@ -392,3 +414,64 @@ def test_an_unanswered_claim_past_its_lifetime_is_looked_up_not_published_again(
     taken = store.take_over(stale)  # no receipt: published by this request, under a new lifetime
     assert taken is not None and taken.expires_at > clock.now
     assert isinstance(store.claim("t:G2", "body"), InProgress)
+
+
+def test_the_receipts_topic_id_is_read_when_due_and_a_failed_reading_keeps_the_last(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a claim names (receipts.py): the id read when due, a reading that fails (Kafka away, or no answer in
+    time) neither raises into the publish nor forgets the last id, and is tried again only after
+    TOPIC_ID_RETRY_S, not at every batch; a topic found missing is asked again as soon; and of two readings the
+    one asked for later stands, whichever thread keeps it first."""
+    from skillstats.ingest import receipts as module
+
+    clock = [1000.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+    receipts = module.Receipts(Settings(), timedelta(hours=1))
+    answers: list[object] = ["id-A"]
+    asked: list[float] = []
+
+    def topic_id(_timeout: float) -> str | None:
+        asked.append(clock[0])
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer  # type: ignore[return-value]
+
+    monkeypatch.setattr(receipts, "topic_id", topic_id)
+    receipts.refresh_topic_id(1.0)
+    assert receipts.known_topic_id() == "id-A"
+    clock[0] += module.TOPIC_ID_FRESH_S - 1
+    receipts.refresh_topic_id(1.0)  # not due
+    assert asked == [1000.0]
+    clock[0] += 1
+    answers.append(KafkaException(KafkaError(KafkaError._TIMED_OUT)))
+    receipts.refresh_topic_id(1.0)  # due, fails: no exception, the last id kept
+    assert receipts.known_topic_id() == "id-A" and len(asked) == 2
+    receipts.refresh_topic_id(1.0)
+    assert len(asked) == 2  # not at every batch while Kafka is away
+    clock[0] += module.TOPIC_ID_RETRY_S
+    answers.append(None)  # the topic missing
+    receipts.refresh_topic_id(1.0)
+    assert receipts.known_topic_id() is None and len(asked) == 3
+    clock[0] += module.TOPIC_ID_RETRY_S
+    answers.append("id-B")
+    receipts.refresh_topic_id(1.0)
+    assert receipts.known_topic_id() == "id-B"
+    receipts._keep_topic_id("id-A", clock[0] - 1)  # a reading asked for before the one kept
+    assert receipts.known_topic_id() == "id-B"
+    answers.append("id-C")
+    receipts.refresh_topic_id(1.0, now=True)
+    assert receipts.known_topic_id() == "id-C"
+
+
+def test_a_describe_that_outlasts_its_wait_is_a_kafka_error_not_a_timeout() -> None:
+    """The future's own wait raises TimeoutError, which the publisher's handling of Kafka errors would not
+    catch: `topic_id` says it as Kafka's _TIMED_OUT (against an address where nothing listens)."""
+    from skillstats.ingest.receipts import Receipts
+
+    receipts = Receipts(Settings(kafka_bootstrap="127.0.0.1:9"), timedelta(hours=1))
+    with pytest.raises(KafkaException) as raised:
+        receipts.topic_id(0.5)
+    assert raised.value.args[0].code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT)
+    receipts.close()

@@ -71,6 +71,7 @@ class Claimed:
     claimed_at: datetime
     expires_at: datetime
     digest: str
+    receipts_topic: str | None = None  # the receipts topic's id when the claim was made (receipts.py)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class Stale:
     renewed_at: datetime | None
     expires_at: datetime
     digest: str
+    receipts_topic: str | None = None  # the receipts topic's id its claim was made against; None: not known
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,11 @@ class IdempotencyStore:
         # Often enough that two renewals can fail (a database blip) before the lease runs out.
         self.renew_every = lease / 4
 
-    def claim(self, key: str, digest: str) -> Claimed | Stale | Answered | InProgress | Mismatch:
+    def claim(
+        self, key: str, digest: str, receipts_topic: str | None = None
+    ) -> Claimed | Stale | Answered | InProgress | Mismatch:
+        """`receipts_topic`: the id of the receipts topic this request's receipt will be written to, as known now
+        (receipts.py), kept with the claim so that a take-over can tell whether the topic it reads is that one."""
         now = now_utc_naive()
         row = {
             "key": key,
@@ -130,11 +136,12 @@ class IdempotencyStore:
             "claimed_at": now,
             "expires_at": now + self.ttl,
             "lease_until": now + self.lease,
+            "receipts_topic": receipts_topic,
         }
         try:
             with self.engine.begin() as connection:
                 connection.execute(insert(requests).values(**row))
-            return Claimed(key, now, now + self.ttl, digest)
+            return Claimed(key, now, now + self.ttl, digest, receipts_topic)
         except IntegrityError:
             pass
         with self.engine.begin() as connection:
@@ -154,7 +161,7 @@ class IdempotencyStore:
                     .where(requests.c.key == key)
                     .values(**row, status=None, response=None, renewed_at=None)
                 )
-                return Claimed(key, now, now + self.ttl, digest)
+                return Claimed(key, now, now + self.ttl, digest, receipts_topic)
             if found.body_sha256 != digest:
                 return Mismatch()
             if found.status is not None:
@@ -162,7 +169,7 @@ class IdempotencyStore:
             if in_flight:
                 left = (lease_ends - now).total_seconds()
                 return InProgress(retry_after=max(1, int(left) + 1))
-            return Stale(key, found.claimed_at, found.renewed_at, found.expires_at, digest)
+            return Stale(key, found.claimed_at, found.renewed_at, found.expires_at, digest, found.receipts_topic)
 
     def settle(self, stale: Stale, status: int, response: str) -> bool:
         """Keep the answer a receipt of this key's lifetime holds (its transaction committed); False when the
@@ -180,9 +187,10 @@ class IdempotencyStore:
             )
             return kept.rowcount == 1
 
-    def take_over(self, stale: Stale) -> Claimed | None:
+    def take_over(self, stale: Stale, receipts_topic: str | None = None) -> Claimed | None:
         """Claim a stale key for this request (no receipt of it was committed), by compare-and-set on the claim
-        and its last renewal: None when another request took it, or its claimant renewed after all."""
+        and its last renewal: None when another request took it, or its claimant renewed after all.
+        `receipts_topic`: as for `claim`, the topic this request's receipt will be written to."""
         now = now_utc_naive()
         renewed = (
             requests.c.renewed_at.is_(None) if stale.renewed_at is None else requests.c.renewed_at == stale.renewed_at
@@ -198,9 +206,15 @@ class IdempotencyStore:
                     renewed,
                     requests.c.status.is_(None),
                 )
-                .values(claimed_at=now, renewed_at=None, lease_until=now + self.lease, expires_at=expires_at)
+                .values(
+                    claimed_at=now,
+                    renewed_at=None,
+                    lease_until=now + self.lease,
+                    expires_at=expires_at,
+                    receipts_topic=receipts_topic,
+                )
             )
-        return Claimed(stale.key, now, expires_at, stale.digest) if taken.rowcount == 1 else None
+        return Claimed(stale.key, now, expires_at, stale.digest, receipts_topic) if taken.rowcount == 1 else None
 
     def renew(self, claim: Claimed) -> bool:
         """Push the claim's lease on (its request still waits on its commit); False when it is no longer this

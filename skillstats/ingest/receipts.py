@@ -29,6 +29,31 @@ Why a receipt not found means nothing was committed:
 - A zombie producer of the same transactional id is fenced by its successor's
   `init_transactions`: it can commit nothing later.
 
+Why the topic read must be the one written to: a receipts topic deleted, or
+deleted and created again under its name (by an operator or a tool, or on another
+cluster failed over to), has lost what it held, and "no receipt" then says
+nothing. Kafka gives each topic it creates an id of its own, and a claim keeps the
+id this process last read (`receipts_topic`, migration 0012; read when the topic
+is ensured, again at most a minute later while publishing, and by a request that
+finds none known). A take-over reads the id before and after its read: changed in
+between, it cannot tell (`503`); a topic missing that the claim named, the same.
+A receipt found is the answer whichever topic holds it (the transaction wrote it
+there). None found, and a topic other than the claim's: `ReceiptsLost`, nothing
+is published and the request is told its outcome cannot be known (`409`, no
+Retry-After: the same key gets the same answer until it expires; a new key
+publishes the events again, the caller's decision).
+
+What the id does not catch: receipts lost while the topic keeps its id (a
+cluster restored from a snapshot or volume backup keeps its topics' ids, as do an
+unclean leader election and `kafka-delete-records`); a claim made with the id
+unknown (NULL: a row of an older version, or Kafka not answering the id since the
+process started), judged as before; and a broker whose metadata lags a deletion
+by the moment the take-over asks it. The other way, it can refuse what could have
+been published: a claim made in the minute after the topic was created again
+under a running process (or by an older version taking a newer claim over) names
+an old id, and if its process dies before its transaction commits, its retry is
+told `409`.
+
 The read starts at the stale claim's time less a minute: the receipt's record
 timestamp is the request's validation time, taken on the same process's clock
 after the claim, so no earlier record can be it (the minute absorbs a clock
@@ -51,11 +76,13 @@ import logging
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 import orjson
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from skillstats.config import Settings
@@ -63,17 +90,31 @@ from skillstats.ingest.idempotency import Claimed, Stale
 from skillstats.kafka import ensure_topics, topic_configs
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RECEIPT_PARTITIONS = 6
 SCAN_MARGIN = timedelta(minutes=1)
 # Past this many receipts of a partition in memory (a read over hours of traffic), only the key asked about
 # is kept, and a read for another key starts again.
 _MAX_KEPT = 200_000
+# How old the receipts topic's id a claim names may be while the publisher runs (read again at most this often),
+# and how soon a reading that failed or found no topic is tried again.
+TOPIC_ID_FRESH_S = 60.0
+TOPIC_ID_RETRY_S = 5.0
+# Answers that pass once partitions have leaders again (a topic just created, a broker gone): asked again until
+# the deadline, as librdkafka's own retriable errors are.
+_NO_LEADER = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
 _UNKNOWN_TOPIC = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION})
 
 
 class ReceiptsUnknown(Exception):
     """Kafka could not tell in time whether a receipt was committed: publish nothing, answer 503."""
+
+
+class ReceiptsLost(Exception):
+    """The receipts topic the stale claim was made against is gone (deleted, or deleted and created again): no
+    receipt in the topic now says nothing of whether the claim's transaction committed. Publish nothing; the
+    request's outcome cannot be known."""
 
 
 class ReceiptsProblem(Exception):
@@ -98,6 +139,20 @@ class _Span:
     only: bytes | None = None
 
 
+def _until(deadline: float, call: Callable[[float], T]) -> T:
+    """`call(seconds left)`, asked again while Kafka answers with an error that passes, until `deadline`."""
+    while True:
+        left = max(0.5, deadline - time.monotonic())
+        try:
+            return call(left)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            passing = isinstance(error, KafkaError) and (error.retriable() or error.code() in _NO_LEADER)
+            if not passing or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
 def receipts_topic(settings: Settings) -> str:
     return f"{settings.topic}.ingest-receipts"
 
@@ -118,9 +173,15 @@ class Receipts:
         self.ttl = ttl
         self.topic = receipts_topic(settings)
         self._lock = threading.Lock()
+        self._admin_lock = threading.Lock()
         self._admin: AdminClient | None = None
         self._consumer: Consumer | None = None
         self._spans: dict[int, _Span] = {}
+        self._spans_of: str | None = None  # the id of the topic the spans were read from
+        self._topic_id: str | None = None  # the topic's id as last read (`known_topic_id`)
+        self._topic_id_asked = -TOPIC_ID_FRESH_S  # when the reading kept there was asked for (monotonic)
+        self._topic_id_due = 0.0  # when to read it again (monotonic)
+        self._topic_id_failing = False
 
     # ------------------------------------------------------------------ the topic
 
@@ -157,6 +218,7 @@ class Receipts:
                 f"{RECEIPT_PARTITIONS} (kafka-topics.sh --alter --topic {self.topic} --partitions "
                 f"{RECEIPT_PARTITIONS})"
             )
+        self.refresh_topic_id(timeout, now=True)
         try:
             retention = int(
                 topic_configs(self.settings, self.topic, ("retention.ms",), timeout).get("retention.ms", -1)
@@ -173,6 +235,60 @@ class Receipts:
                 f"({wanted} ms): a receipt would go before its key (kafka-configs.sh --alter --entity-type topics "
                 f"--entity-name {self.topic} --add-config retention.ms={self.topic_config()['retention.ms']})"
             )
+
+    # ------------------------------------------------------------------ the topic's identity
+
+    def topic_id(self, timeout: float) -> str | None:
+        """The id Kafka gave the receipts topic when it was created (a new one each time it is created), or None
+        when the topic does not exist; KafkaException when Kafka does not tell within `timeout`."""
+        admin = self._admin_client()
+        future = admin.describe_topics(TopicCollection([self.topic]), request_timeout=timeout)[self.topic]
+        try:
+            return str(future.result(timeout=timeout).topic_id)
+        except TimeoutError:  # the future's own wait, not librdkafka's
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"no answer in {timeout:.1f} s")) from None
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and error.code() in _UNKNOWN_TOPIC:
+                return None
+            raise
+
+    def known_topic_id(self) -> str | None:
+        """The topic's id as last read, for a claim to name (None: not read yet, or the topic was missing)."""
+        return self._topic_id
+
+    def refresh_topic_id(self, timeout: float, now: bool = False) -> None:
+        """Read the topic's id again when it is due (`now`: at once): TOPIC_ID_FRESH_S after the last reading, or
+        TOPIC_ID_RETRY_S after one that failed or found no topic. Never raises: a failed read keeps the last one,
+        and the publish that follows finds out for itself whether Kafka answers."""
+        asked = time.monotonic()
+        if not now and asked < self._topic_id_due:
+            return
+        self._topic_id_due = asked + TOPIC_ID_RETRY_S
+        try:
+            found = self.topic_id(timeout)
+        except KafkaException as exc:
+            if not self._topic_id_failing:
+                log.warning(
+                    "cannot read the id of %s (%s): claims name the last one read (%s) until it can",
+                    self.topic,
+                    exc,
+                    self._topic_id or "none",
+                )
+            self._topic_id_failing = True
+            return
+        if self._topic_id_failing:
+            log.info("the id of %s is read again", self.topic)
+        self._topic_id_failing = False
+        self._keep_topic_id(found, asked)
+
+    def _keep_topic_id(self, found: str | None, asked: float) -> None:
+        """Keep a reading of the id unless one asked for later was kept meanwhile (readings from two threads)."""
+        with self._admin_lock:
+            if asked < self._topic_id_asked:
+                return
+            self._topic_id, self._topic_id_asked = found, asked
+            self._topic_id_due = asked + (TOPIC_ID_FRESH_S if found is not None else TOPIC_ID_RETRY_S)
 
     # ------------------------------------------------------------------ writing
 
@@ -194,22 +310,36 @@ class Receipts:
 
     def find(self, stale: Stale, timeout: float) -> Receipt | None:
         """The committed receipt of the stale claim's key and lifetime, or None when no transaction committed
-        one (nor can any longer); ReceiptsUnknown when Kafka cannot tell within `timeout`."""
+        one (nor can any longer); ReceiptsUnknown when Kafka cannot tell within `timeout` (or the topic changed
+        while it was read, or is missing though the claim named it); ReceiptsLost when none is found and the
+        topic is not the one the claim named (see the module docstring)."""
         deadline = time.monotonic() + timeout
         key = stale.key.encode()
         partition = TopicPartition(self.topic, receipt_partition(key))
+        claimed = stale.receipts_topic
         with self._lock:
             try:
-                end = self._offset(partition, OffsetSpec.latest(), deadline)
-                start = self._offset(
-                    partition, OffsetSpec.for_timestamp(_epoch_ms(stale.claimed_at - SCAN_MARGIN)), deadline
-                )
+                current = self._read_topic_id(deadline)
+                if current is not None:
+                    if current != self._spans_of:  # what was read of another topic is not this one's
+                        self._spans, self._spans_of = {}, current
+                    end = self._offset(partition, OffsetSpec.latest(), deadline)
+                    start = self._offset(
+                        partition, OffsetSpec.for_timestamp(_epoch_ms(stale.claimed_at - SCAN_MARGIN)), deadline
+                    )
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
-                if isinstance(error, KafkaError) and error.code() in _UNKNOWN_TOPIC:
+                if not (isinstance(error, KafkaError) and error.code() in _UNKNOWN_TOPIC):
+                    raise ReceiptsUnknown(f"cannot read the receipts topic {self.topic}: {exc}") from None
+                current = None  # deleted since its id was read
+            if current is None:
+                if claimed is None:
                     log.warning("no receipts topic %s: no receipt was ever written there", self.topic)
                     return None
-                raise ReceiptsUnknown(f"cannot read the receipts topic {self.topic}: {exc}") from None
+                raise ReceiptsUnknown(
+                    f"the receipts topic {self.topic} does not exist, and the claim was made against the topic of "
+                    f"id {claimed}"
+                )
             if start < 0:  # no record as recent as the claim
                 start = end
             span = self._spans.get(partition.partition)
@@ -218,29 +348,48 @@ class Receipts:
             if span.high < end:
                 self._read(partition, span, end, key, deadline)
             value = span.found.get(key)
-        if value is None:
-            return None
-        receipt = orjson.loads(value)
-        if receipt.get("expires_at") != stale.expires_at.isoformat():
-            return None  # an earlier use of the key, which expired
-        return Receipt(int(receipt["status"]), str(receipt["response"]))
+            receipt = None if value is None else orjson.loads(value)
+            if receipt is not None and receipt.get("expires_at") == stale.expires_at.isoformat():
+                # Committed, whichever topic holds it: the transaction wrote it there.
+                return Receipt(int(receipt["status"]), str(receipt["response"]))
+            # None of this lifetime (none at all, or an earlier use of the key, which expired). That says nothing
+            # was committed only of the topic the claim named, and only if this was that topic throughout.
+            asked = time.monotonic()
+            try:
+                after = self._read_topic_id(deadline)
+            except KafkaException as exc:
+                raise ReceiptsUnknown(f"cannot read the id of the receipts topic {self.topic}: {exc}") from None
+            if after != current:  # deleted, or created again, while it was read: what was read may be either's
+                self._spans, self._spans_of = {}, None
+                raise ReceiptsUnknown(f"the receipts topic {self.topic} was deleted or created again while read")
+            self._keep_topic_id(current, asked)
+        if claimed is not None and claimed != current:
+            raise ReceiptsLost(
+                f"the receipts topic {self.topic} was deleted or created again since the claim was made (its id "
+                f"then {claimed}, now {current}): whether that request was published cannot be known"
+            )
+        return None
+
+    def _read_topic_id(self, deadline: float) -> str | None:
+        return _until(deadline, self.topic_id)
+
+    def _admin_client(self) -> AdminClient:
+        with self._admin_lock:
+            if self._admin is None:
+                self._admin = AdminClient(self.settings.kafka_config())
+            return self._admin
 
     def _offset(self, partition: TopicPartition, spec: OffsetSpec, deadline: float) -> int:
-        if self._admin is None:
-            self._admin = AdminClient(self.settings.kafka_config())
-        while True:
-            left = max(0.5, deadline - time.monotonic())
-            try:
-                # Uncommitted records too: the end taken here must lie past any transaction still open.
-                futures = self._admin.list_offsets(
-                    {partition: spec}, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=left
-                )
-                return int(futures[partition].result(timeout=left).offset)
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if not isinstance(error, KafkaError) or not error.retriable() or time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.2)
+        admin = self._admin_client()
+
+        def offset(left: float) -> int:
+            # Uncommitted records too: the end taken here must lie past any transaction still open.
+            futures = admin.list_offsets(
+                {partition: spec}, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=left
+            )
+            return int(futures[partition].result(timeout=left).offset)
+
+        return _until(deadline, offset)
 
     def _read(self, partition: TopicPartition, span: _Span, end: int, key: bytes, deadline: float) -> None:
         """Read `partition` read_committed from `span.high` until its position passes `end`."""

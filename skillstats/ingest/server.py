@@ -55,7 +55,7 @@ from skillstats.ingest.idempotency import (
     Stale,
     body_digest,
 )
-from skillstats.ingest.receipts import Receipts
+from skillstats.ingest.receipts import Receipts, ReceiptsLost
 from skillstats.ingest.refusals import RefusalLog
 from skillstats.ingest.tokens import TokenFile
 from skillstats.ingest.transactions import OutcomeUnknown, TransactionalPublisher, Unavailable
@@ -64,6 +64,8 @@ from skillstats.retry import Outage
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = 2
+# How long a request waits at most for the receipts topic's id when the process does not know it yet.
+TOPIC_ID_READ_S = 2.0
 _KEY = re.compile(rf"[\x21-\x7e]{{1,{MAX_KEY_CHARS}}}")  # visible ASCII, as HTTP header values go
 
 
@@ -286,8 +288,9 @@ class IngestApp:
         if store is None:
             message = "this server keeps no Idempotency-Key (started with --no-idempotency)"
             return _refused(400, "Idempotency-Key sent to a server with --no-idempotency", {"error": message})
+        receipts_topic = await self._receipts_topic_id()
         try:
-            answer = await self._database_call(lambda: store.claim(key, digest))
+            answer = await self._database_call(lambda: store.claim(key, digest, receipts_topic))
         except Exception:
             return self._unavailable("the idempotency store is unavailable; nothing was published")
         if isinstance(answer, Stale):
@@ -303,6 +306,16 @@ class IngestApp:
             return _refused(422, "Idempotency-Key used with another body", {"error": message})
         return answer
 
+    async def _receipts_topic_id(self) -> str | None:
+        """The receipts topic's id for a claim to name: read now if not known yet (a process just started, or the
+        topic missing when last asked; at most once per TOPIC_ID_RETRY_S), None if it still cannot be read."""
+        receipts = self.receipts
+        if receipts is None:
+            return None
+        if receipts.known_topic_id() is None:
+            await asyncio.to_thread(receipts.refresh_topic_id, TOPIC_ID_READ_S)
+        return receipts.known_topic_id()
+
     async def _take_over(self, store: IdempotencyStore, stale: Stale) -> Claimed | web.Response:
         """A claim whose process stopped renewing it: answer from its committed receipt, or take it over."""
         receipts = self.receipts
@@ -317,6 +330,14 @@ class IngestApp:
                 found = await asyncio.to_thread(receipts.find, stale, max(0.5, deadline - time.monotonic()))
             finally:
                 self._receipt_reads.release()
+        except ReceiptsLost as exc:
+            log.error("Idempotency-Key left by a stopped request: nothing published again: %s", exc)
+            message = (
+                "whether an earlier request with this Idempotency-Key was published cannot be known (the receipts "
+                "topic was deleted or created again since it was claimed); nothing was published now. Send it with "
+                "a new Idempotency-Key only if it must be counted and was not"
+            )
+            return _refused(409, "Idempotency-Key outcome unknown", {"error": message})
         except Exception as exc:
             log.warning("Idempotency-Key left by a stopped request: its receipt cannot be looked up: %s", exc)
             message = "cannot tell yet whether an earlier request with this Idempotency-Key was published; nothing was"
@@ -329,7 +350,8 @@ class IngestApp:
                 log.warning("the answer of a committed receipt could not be kept for its Idempotency-Key")
             return _replayed(found.status, found.response)
         try:
-            taken = await self._database_call(lambda: store.take_over(stale))
+            receipts_topic = await self._receipts_topic_id()
+            taken = await self._database_call(lambda: store.take_over(stale, receipts_topic))
         except Exception:
             return self._unavailable("the idempotency store is unavailable; nothing was published")
         if taken is None:

@@ -334,6 +334,8 @@ class TransactionalPublisher:
         if self.receipts is not None and not self._receipts_ready:
             self.receipts.ensure_topic(max(0.5, deadline - time.monotonic()))
             self._receipts_ready = True
+        elif self.receipts is not None:  # the id claims name, at most a minute old (receipts.py)
+            self.receipts.refresh_topic_id(min(CHECK_TIMEOUT_S, max(0.5, deadline - time.monotonic())))
         if self._producer is None:
             self._refusals = RefusalWatch()
             producer = Producer(
