@@ -421,8 +421,9 @@ def test_the_receipts_topic_id_is_read_when_due_and_a_failed_reading_keeps_the_l
 ) -> None:
     """What a claim names (receipts.py): the id read when due, a reading that fails (Kafka away, or no answer in
     time) neither raises into the publish nor forgets the last id, and is tried again only after
-    TOPIC_ID_RETRY_S, not at every batch; a topic found missing is asked again as soon; and of two readings the
-    one asked for later stands, whichever thread keeps it first."""
+    TOPIC_ID_RETRY_S, not at every batch; a topic found missing (or a cluster's all-zero id) does not replace the
+    last id and is asked again as soon; and of two readings the one asked for later stands, whichever thread
+    keeps it first."""
     from skillstats.ingest import receipts as module
 
     clock = [1000.0]
@@ -451,9 +452,17 @@ def test_the_receipts_topic_id_is_read_when_due_and_a_failed_reading_keeps_the_l
     receipts.refresh_topic_id(1.0)
     assert len(asked) == 2  # not at every batch while Kafka is away
     clock[0] += module.TOPIC_ID_RETRY_S
-    answers.append(None)  # the topic missing
+    answers.append(None)  # the topic missing: the last id kept, asked again as soon as after a failure
     receipts.refresh_topic_id(1.0)
-    assert receipts.known_topic_id() is None and len(asked) == 3
+    assert receipts.known_topic_id() == "id-A" and len(asked) == 3
+    clock[0] += module.TOPIC_ID_RETRY_S
+    answers.append(ValueError("what the client raises for what it was handed"))
+    receipts.refresh_topic_id(1.0)  # nothing raised into the publish
+    assert receipts.known_topic_id() == "id-A" and len(asked) == 4
+    clock[0] += module.TOPIC_ID_RETRY_S
+    answers.append("AAAAAAAAAAAAAAAAAAAAAA")  # a cluster that gives no ids: names nothing, not kept
+    receipts.refresh_topic_id(1.0)
+    assert receipts.known_topic_id() == "id-A"
     clock[0] += module.TOPIC_ID_RETRY_S
     answers.append("id-B")
     receipts.refresh_topic_id(1.0)

@@ -46,8 +46,9 @@ publishes the events again, the caller's decision).
 What the id does not catch: receipts lost while the topic keeps its id (a
 cluster restored from a snapshot or volume backup keeps its topics' ids, as do an
 unclean leader election and `kafka-delete-records`); a claim made with the id
-unknown (NULL: a row of an older version, or Kafka not answering the id since the
-process started), judged as before; and a broker whose metadata lags a deletion
+unknown (NULL: a row of an older version, Kafka not answering the id since the
+process started, or a cluster that gives no topic ids: Kafka before 2.8), judged
+as before; and a broker whose metadata lags a deletion
 by the moment the take-over asks it. The other way, it can refuse what could have
 been published: a claim made in the minute after the topic was created again
 under a running process (or by an older version taking a newer claim over) names
@@ -104,6 +105,8 @@ TOPIC_ID_RETRY_S = 5.0
 # Answers that pass once partitions have leaders again (a topic just created, a broker gone): asked again until
 # the deadline, as librdkafka's own retriable errors are.
 _NO_LEADER = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
+# The id of a topic on a cluster that keeps none (Kafka before 2.8): the same for every topic, so it names nothing.
+_NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
 _UNKNOWN_TOPIC = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION})
 
 
@@ -181,7 +184,9 @@ class Receipts:
         self._topic_id: str | None = None  # the topic's id as last read (`known_topic_id`)
         self._topic_id_asked = -TOPIC_ID_FRESH_S  # when the reading kept there was asked for (monotonic)
         self._topic_id_due = 0.0  # when to read it again (monotonic)
+        self._topic_id_reading = threading.Lock()
         self._topic_id_failing = False
+        self._no_ids_said = False
 
     # ------------------------------------------------------------------ the topic
 
@@ -254,41 +259,60 @@ class Receipts:
             raise
 
     def known_topic_id(self) -> str | None:
-        """The topic's id as last read, for a claim to name (None: not read yet, or the topic was missing)."""
+        """The topic's id as last read, for a claim to name (None: not read yet, or the cluster gives no ids)."""
         return self._topic_id
 
     def refresh_topic_id(self, timeout: float, now: bool = False) -> None:
         """Read the topic's id again when it is due (`now`: at once): TOPIC_ID_FRESH_S after the last reading, or
-        TOPIC_ID_RETRY_S after one that failed or found no topic. Never raises: a failed read keeps the last one,
-        and the publish that follows finds out for itself whether Kafka answers."""
-        asked = time.monotonic()
-        if not now and asked < self._topic_id_due:
+        TOPIC_ID_RETRY_S after one that failed or found no topic; a caller that finds a reading under way waits
+        for it (up to `timeout`). Never raises: a failed reading, or one that finds the topic missing, keeps the
+        last id (a stale id errs toward 409 and 503, never toward publishing again), and the publish that
+        follows finds out for itself whether Kafka answers."""
+        if not now and time.monotonic() < self._topic_id_due:
             return
-        self._topic_id_due = asked + TOPIC_ID_RETRY_S
+        if not self._topic_id_reading.acquire(timeout=timeout):
+            return
         try:
-            found = self.topic_id(timeout)
-        except KafkaException as exc:
-            if not self._topic_id_failing:
-                log.warning(
-                    "cannot read the id of %s (%s): claims name the last one read (%s) until it can",
-                    self.topic,
-                    exc,
-                    self._topic_id or "none",
-                )
-            self._topic_id_failing = True
-            return
-        if self._topic_id_failing:
-            log.info("the id of %s is read again", self.topic)
-        self._topic_id_failing = False
-        self._keep_topic_id(found, asked)
+            asked = time.monotonic()
+            if not now and asked < self._topic_id_due:  # read by another caller meanwhile
+                return
+            self._topic_id_due = asked + TOPIC_ID_RETRY_S
+            try:
+                found = self.topic_id(timeout)
+            except Exception as exc:  # Kafka's errors, and any the client raises for what it was handed
+                if not self._topic_id_failing:
+                    log.warning(
+                        "cannot read the id of %s (%s): claims name the last one read (%s) until it can",
+                        self.topic,
+                        exc,
+                        self._topic_id or "none",
+                    )
+                self._topic_id_failing = True
+                return
+            if self._topic_id_failing:
+                log.info("the id of %s is read again", self.topic)
+            self._topic_id_failing = False
+            if found is not None:
+                self._keep_topic_id(found, asked)
+        finally:
+            self._topic_id_reading.release()
 
-    def _keep_topic_id(self, found: str | None, asked: float) -> None:
+    def _keep_topic_id(self, found: str, asked: float) -> None:
         """Keep a reading of the id unless one asked for later was kept meanwhile (readings from two threads)."""
+        if found == _NO_TOPIC_ID:
+            if self._topic_id is None and not self._no_ids_said:
+                log.warning(
+                    "the cluster gives %s no topic id (a Kafka before 2.8?): a take-over cannot tell the topic was "
+                    "created again, and reads it as before (docs/contract.md, HTTP)",
+                    self.topic,
+                )
+                self._no_ids_said = True
+            return
         with self._admin_lock:
             if asked < self._topic_id_asked:
                 return
             self._topic_id, self._topic_id_asked = found, asked
-            self._topic_id_due = asked + (TOPIC_ID_FRESH_S if found is not None else TOPIC_ID_RETRY_S)
+            self._topic_id_due = asked + TOPIC_ID_FRESH_S
 
     # ------------------------------------------------------------------ writing
 

@@ -335,7 +335,7 @@ class TransactionalPublisher:
             self.receipts.ensure_topic(max(0.5, deadline - time.monotonic()))
             self._receipts_ready = True
         elif self.receipts is not None:  # the id claims name, at most a minute old (receipts.py)
-            self.receipts.refresh_topic_id(min(CHECK_TIMEOUT_S, max(0.5, deadline - time.monotonic())))
+            self.receipts.refresh_topic_id(TOPIC_ID_WAIT_S)  # off the batch's deadline: kept short
         if self._producer is None:
             self._refusals = RefusalWatch()
             producer = Producer(
@@ -519,6 +519,7 @@ IDLE_POLL_S = 0.5
 CHECK_EVERY_S = 5.0
 RECHECK_AWAY_S = 1.0
 CHECK_TIMEOUT_S = 5.0
+TOPIC_ID_WAIT_S = 1.0  # the receipts topic's id read before a transaction, when due (receipts.py)
 _AWAY = "no broker answers"
 _NO_ANSWER = frozenset({KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
 
