@@ -88,7 +88,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from skillstats.config import Settings
 from skillstats.ingest.idempotency import Claimed, Stale
-from skillstats.kafka import ensure_topics, topic_configs
+from skillstats.kafka import ensure_topics, topic_configs, while_moving
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -102,9 +102,6 @@ _MAX_KEPT = 200_000
 # and how soon a reading that failed or found no topic is tried again.
 TOPIC_ID_FRESH_S = 60.0
 TOPIC_ID_RETRY_S = 5.0
-# Answers that pass once partitions have leaders again (a topic just created, a broker gone): asked again until
-# the deadline, as librdkafka's own retriable errors are.
-_NO_LEADER = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
 # The id of a topic on a cluster that keeps none (Kafka before 2.8): the same for every topic, so it names nothing.
 _NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
 _UNKNOWN_TOPIC = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION})
@@ -143,17 +140,9 @@ class _Span:
 
 
 def _until(deadline: float, call: Callable[[float], T]) -> T:
-    """`call(seconds left)`, asked again while Kafka answers with an error that passes, until `deadline`."""
-    while True:
-        left = max(0.5, deadline - time.monotonic())
-        try:
-            return call(left)
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            passing = isinstance(error, KafkaError) and (error.retriable() or error.code() in _NO_LEADER)
-            if not passing or time.monotonic() >= deadline:
-                raise
-            time.sleep(0.2)
+    """`call(seconds left)`, asked again while Kafka says a leader is moving (skillstats.kafka.while_moving), until
+    `deadline`."""
+    return while_moving(lambda: call(max(0.5, deadline - time.monotonic())), max(0.0, deadline - time.monotonic()))
 
 
 def receipts_topic(settings: Settings) -> str:
