@@ -1,5 +1,5 @@
 """`skillstats rebuild` on the command line, with the generations' steps faked (unit): what it says when one of
-several steps fails half-way."""
+several steps fails half-way; and which of a swap's problems make `rebuild status` say FAILING (SQLite only)."""
 
 from __future__ import annotations
 
@@ -37,3 +37,61 @@ def test_a_rollback_whose_swap_back_fails_says_the_previous_generation_is_buildi
     assert "the previous generation is rebuild 7 again, building (group windows-rebuild-7)" in said.err
     assert "`skillstats rebuild swap --confirm SWAP` finishes the rollback" in said.err
     assert said.err.rstrip().endswith("Kafka said no")
+
+
+def test_whether_a_rebuild_is_failing_is_decided_where_each_problem_is_found_not_read_from_its_wording(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    from sqlalchemy import insert
+
+    from skillstats.rebuild.generations import Problem, swap_problems
+    from skillstats.rebuild.report import Status
+    from skillstats.sinks.identity import Owner
+    from skillstats.sinks.schema import partition_fences
+
+    engine = open_engine(f"sqlite:///{tmp_path}/skillstats.db")
+    upgrade(engine)
+    made = Rebuild(7, "rebuild-7", "events", "id-a", None, {0: 0}, "building", datetime(2026, 1, 1), *[None] * 4)
+    live = Owner("windows", "live", "events", "id-a")
+    now = datetime(2026, 1, 2)
+
+    def fence(group: str, partition: int, offset: int) -> None:
+        with engine.begin() as connection:
+            connection.execute(
+                insert(partition_fences).values(
+                    group_id=group,
+                    topic="events",
+                    partition=partition,
+                    next_offset=offset,
+                    updated_at=now,
+                )
+            )
+
+    fence("live", 0, 500)
+    fence("live", 1, 10)
+    fence("rebuild-7", 0, 100)
+    # Waiting cures these: the rebuild's worker has not read partition 1 yet; then it has, 400 records behind.
+    with engine.connect() as connection:
+        unread, _gap = swap_problems(connection, made, live, max_gap=50)
+    assert [(p.failing, "start its worker" in p) for p in unread] == [(False, True)], unread
+    fence("rebuild-7", 1, 10)
+    with engine.connect() as connection:
+        behind, _gap = swap_problems(connection, made, live, max_gap=50)
+    assert [(p.failing, "--max-gap" in p) for p in behind] == [(False, True)], behind
+    assert not Status(made, None, False, problems=[*unread, *behind]).failing
+
+    with engine.begin() as connection:
+        connection.execute(partition_fences.update().values(offsets_lost=3).where(partition_fences.c.partition == 1))
+    with engine.connect() as connection:
+        cut, _gap = swap_problems(connection, made, Owner("windows", "live", "events", "id-b"), max_gap=1000)
+    assert sorted(p.failing for p in cut) == [True, True], cut  # retention cut it; the topic is another one
+    status = Status(made, None, False, problems=cut)
+    assert status.failing and "swap: FAILING" in status.render()
+
+    # Wording no longer decides: a waiting problem that says "refused" is not failing, a failing one that says
+    # none of the old words is; both are the plain text they say in JSON.
+    assert not Status(made, None, False, problems=[Problem("the broker refused a connection")]).failing
+    assert Status(made, None, False, problems=[Problem("gone", failing=True)]).failing
+    assert json.loads(json.dumps([Problem("gone", failing=True)])) == ["gone"]

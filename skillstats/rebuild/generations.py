@@ -364,39 +364,62 @@ def replayed_sources(connection: Connection, topic: str) -> set[tuple[int, int]]
     return {(p, o) for p, o in rows if p is not None}
 
 
-def swap_problems(connection: Connection, rebuild: Rebuild, live: Owner, max_gap: int) -> tuple[list[str], Gap]:
+class Problem(str):
+    """Why a rebuild cannot be swapped in now, as the text said to the operator; `failing`: no waiting cures it
+    (the rebuild must be dropped, and `rebuild status` exits 1). Decided where the problem is found, never read
+    back out of its wording."""
+
+    failing: bool
+
+    def __new__(cls, text: str, *, failing: bool = False) -> Problem:
+        problem = super().__new__(cls, text)
+        problem.failing = failing
+        return problem
+
+
+def swap_problems(connection: Connection, rebuild: Rebuild, live: Owner, max_gap: int) -> tuple[list[Problem], Gap]:
     """Why the rebuild cannot be swapped in now (none: it can), and where the two groups stand."""
-    problems: list[str] = []
+    problems: list[Problem] = []
     gap = Gap(fences_of(connection, live.group_id, live.topic), fences_of(connection, rebuild.group_id, rebuild.topic))
     unread = sorted(set(gap.rebuild) - set(gap.live))
     if unread:
-        problems.append(f"the live group has no fence on partition(s) {unread} yet (it has not read them)")
+        problems.append(Problem(f"the live group has no fence on partition(s) {unread} yet (it has not read them)"))
     missing = sorted(set(gap.live) - set(gap.rebuild))
     if missing:
-        problems.append(f"the rebuild has no fence on partition(s) {missing}: start its worker")
+        problems.append(Problem(f"the rebuild has no fence on partition(s) {missing}: start its worker"))
     lost = lost_of(connection, rebuild.group_id, rebuild.topic)
     if lost:
         problems.append(
-            f"retention deleted {lost:,} record(s) before the rebuild read them: it cannot be exact; drop it and "
-            f"start again from a later day"
+            Problem(
+                f"retention deleted {lost:,} record(s) before the rebuild read them: it cannot be exact; drop it "
+                f"and start again from a later day",
+                failing=True,
+            )
         )
     refused = rejected_of(connection, rebuild.group_id, rebuild.topic)
     if refused:
         problems.append(
-            f"the database refused {len(refused)} record(s) the rebuild read (skillstats_rejected_records, group "
-            f"{rebuild.group_id}): it is not what the log says; drop it, fix the cause, start again"
+            Problem(
+                f"the database refused {len(refused)} record(s) the rebuild read (skillstats_rejected_records, "
+                f"group {rebuild.group_id}): it is not what the log says; drop it, fix the cause, start again",
+                failing=True,
+            )
         )
     if live.topic_id is not None and rebuild.topic_id is not None and live.topic_id != rebuild.topic_id:
-        problems.append(f"the topic was replaced (id {rebuild.topic_id} then, {live.topic_id} now)")
+        problems.append(
+            Problem(f"the topic was replaced (id {rebuild.topic_id} then, {live.topic_id} now)", failing=True)
+        )
     if not missing and not unread and gap.records > max_gap:
         problems.append(
-            f"the rebuild is {gap.records:,} record(s) from the live group's fences, more than --max-gap "
-            f"{max_gap:,}: let its worker catch up"
+            Problem(
+                f"the rebuild is {gap.records:,} record(s) from the live group's fences, more than --max-gap "
+                f"{max_gap:,}: let its worker catch up"
+            )
         )
     return problems, gap
 
 
-def topic_replaced(settings: Settings, rebuild: Rebuild, live: Owner, ids: TopicIds) -> str | None:
+def topic_replaced(settings: Settings, rebuild: Rebuild, live: Owner, ids: TopicIds) -> Problem | None:
     """Why the topic in Kafka now is not the log both groups' fences were taken on (None: by its id, it is).
 
     The workers refuse a recreated topic themselves, but a swap or a diff made while both are stopped reads the
@@ -405,14 +428,17 @@ def topic_replaced(settings: Settings, rebuild: Rebuild, live: Owner, ids: Topic
     try:
         current = ids.get(rebuild.topic)
     except TopicMissing:
-        return f"topic {rebuild.topic!r} does not exist any more: nothing can be read between the fences"
+        return Problem(
+            f"topic {rebuild.topic!r} does not exist any more: nothing can be read between the fences", failing=True
+        )
     recorded = {i for i in (rebuild.topic_id, live.topic_id) if i is not None}
     if current is None or recorded <= {current}:
         return None
-    return (
+    return Problem(
         f"topic {rebuild.topic!r} was deleted and created again (its Kafka id is {current} now, the fences were "
         f"taken on {', '.join(sorted(recorded))}): the records between the fences are gone; `skillstats rebuild "
-        f"drop` the rebuild, and see `skillstats fences --help` for the live group"
+        f"drop` the rebuild, and see `skillstats fences --help` for the live group",
+        failing=True,
     )
 
 

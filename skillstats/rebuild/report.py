@@ -22,6 +22,7 @@ from skillstats.kafka import TopicIds, watermarks
 from skillstats.rebuild.generations import (
     MAX_GAP,
     Gap,
+    Problem,
     counted_apart,
     fences_of,
     gap_events,
@@ -34,9 +35,6 @@ from skillstats.sinks.rebuild import PREVIOUS, SHADOW, OwnedDays, existing, gene
 from skillstats.sinks.schema import partition_fences
 from skillstats.sinks.upserts import utc_naive
 from skillstats.sinks.windows import Buckets, fold
-
-# Problems no waiting cures: the rebuild must be dropped (status exits 1).
-_FAILING = ("retention deleted", "refused", "was replaced", "created again", "does not exist any more")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,11 +67,12 @@ class Status:
     rate: float | None = None  # records/s since it started
     eta_seconds: float | None = None
     gap: int = 0
-    problems: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
 
     @property
     def failing(self) -> bool:
-        return any(any(word in problem for word in _FAILING) for problem in self.problems)
+        """A problem no waiting cures is among them: the rebuild must be dropped (status exits 1)."""
+        return any(problem.failing for problem in self.problems)
 
     @property
     def swappable(self) -> bool:
