@@ -46,10 +46,13 @@ def test_whether_a_rebuild_is_failing_is_decided_where_each_problem_is_found_not
 
     from sqlalchemy import insert
 
-    from skillstats.rebuild.generations import Problem, swap_problems
+    from skillstats.cli.rebuild import _status_json
+    from skillstats.config import Settings
+    from skillstats.kafka import TopicMissing
+    from skillstats.rebuild.generations import Problem, swap_problems, topic_replaced
     from skillstats.rebuild.report import Status
     from skillstats.sinks.identity import Owner
-    from skillstats.sinks.schema import partition_fences
+    from skillstats.sinks.schema import partition_fences, rejected_records
 
     engine = open_engine(f"sqlite:///{tmp_path}/skillstats.db")
     upgrade(engine)
@@ -83,15 +86,45 @@ def test_whether_a_rebuild_is_failing_is_decided_where_each_problem_is_found_not
     assert not Status(made, None, False, problems=[*unread, *behind]).failing
 
     with engine.begin() as connection:
-        connection.execute(partition_fences.update().values(offsets_lost=3).where(partition_fences.c.partition == 1))
+        lost = partition_fences.c.group_id == "rebuild-7"
+        connection.execute(partition_fences.update().values(offsets_lost=3).where(lost))
+        connection.execute(
+            insert(rejected_records).values(
+                group_id="rebuild-7", topic="events", partition=0, offset=7, rejected_at=now
+            )
+        )
     with engine.connect() as connection:
         cut, _gap = swap_problems(connection, made, Owner("windows", "live", "events", "id-b"), max_gap=1000)
-    assert sorted(p.failing for p in cut) == [True, True], cut  # retention cut it; the topic is another one
-    status = Status(made, None, False, problems=cut)
-    assert status.failing and "swap: FAILING" in status.render()
+    # Retention cut it, the database refused a record it read, the topic is another one: none cures itself.
+    assert [p.failing for p in cut] == [True, True, True], cut
+    assert ["retention deleted" in cut[0], "refused" in cut[1], "replaced" in cut[2]] == [True] * 3, cut
+
+    class Ids:
+        """What Kafka says of the topic now (TopicIds.get): an id, or TopicMissing."""
+
+        def __init__(self, now: str | None) -> None:
+            self.now = now
+
+        def get(self, topic: str) -> str | None:
+            if self.now is None:
+                raise TopicMissing(settings, topic)
+            return self.now
+
+    settings = Settings()
+    assert topic_replaced(settings, made, live, Ids("id-a")) is None  # type: ignore[arg-type]
+    gone = topic_replaced(settings, made, live, Ids(None))  # type: ignore[arg-type]
+    again = topic_replaced(settings, made, live, Ids("id-c"))  # type: ignore[arg-type]
+    assert gone is not None and gone.failing and "does not exist any more" in gone, gone
+    assert again is not None and again.failing and "created again" in again, again
+
+    # What `rebuild status --json` says: the problems as plain text, and whether they are failing.
+    for problems, failing in (([*unread, *behind], False), ([*behind, gone], True), (cut, True)):
+        status = Status(made, None, False, problems=problems)
+        said = json.loads(json.dumps(_status_json(status)))
+        assert said["problems"] == [str(p) for p in problems] and said["failing"] is failing, said
+        assert ("swap: FAILING" in status.render()) is failing
 
     # Wording no longer decides: a waiting problem that says "refused" is not failing, a failing one that says
-    # none of the old words is; both are the plain text they say in JSON.
+    # none of the old words is.
     assert not Status(made, None, False, problems=[Problem("the broker refused a connection")]).failing
     assert Status(made, None, False, problems=[Problem("gone", failing=True)]).failing
-    assert json.loads(json.dumps([Problem("gone", failing=True)])) == ["gone"]
