@@ -9,9 +9,13 @@ of TOPIC with a bare confluent-kafka loop (timed: the fetch), holds them in
 memory, then runs the sink's own functions over them in batches of BATCH
 (default 50,000: the worker's --batch-size, which a catching-up worker's
 transactions reach, and SQLite's cost per event falls with the batch), each
-stage timed with `time.process_time()`: `decode_many`, `fold_rows`, and
-`write_rows` in one transaction per batch into a fresh schema at
-DATABASE_URL (SQLite's own work counts there; PostgreSQL's runs in the server).
+stage timed with `time.process_time()`: the decode as the worker's does it
+(`decode_columns` into the sink's `fold_at_decode`: the records read into the
+fold's table, the rest decoded), the fold's rows (`fold_decoded`; without the
+C module `decode_many` and `fold_rows` over events), and its `write` in one
+transaction per batch into a fresh schema at DATABASE_URL (SQLite's own work
+counts there; PostgreSQL's runs in the server). Up to the sixteenth round the
+decode built an event per record and the fold read them (docs/performance.md).
 The collector is frozen and tuned as the worker does it (streams/windows.py),
 or a million held records would make every stage pay for scanning them.
 docs/performance.md, "Where each CPU second goes" and "Records as aiokafka read
@@ -26,14 +30,12 @@ import time
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, TopicPartition
 
 from skillstats.config import Settings
-from skillstats.contract import decode_many
 from skillstats.kafka import end_offsets
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.migrate import upgrade
-from skillstats.sinks.pipeline import COLLECTOR_THRESHOLD
-from skillstats.sinks.schema import skill_daily_stats, skill_hourly_stats
+from skillstats.sinks.pipeline import COLLECTOR_THRESHOLD, decode_columns
 from skillstats.sinks.upserts import now_utc_naive
-from skillstats.sinks.windows import fold_rows, starts_for, write_rows
+from skillstats.sinks.windows import WindowsSink
 
 Record = tuple[bytes | None, bytes | None, int | None]
 
@@ -75,19 +77,19 @@ def measure(records: list[Record], database_url: str, batch: int) -> dict[str, f
     gc.freeze()
     gc.set_threshold(COLLECTOR_THRESHOLD, 50, 100)
     spent = {"decode": 0.0, "fold": 0.0, "sql": 0.0}
-    tables = (skill_hourly_stats, skill_daily_stats)
-    starts = starts_for(engine.dialect, tables)  # as the worker's sink spells them (sinks/windows.py)
+    sink = WindowsSink(engine, "skillstats-bench-stages", "stages")  # its fold and spelling only
     try:
         for start in range(0, len(records), batch):
             chunk = records[start : start + batch]
             keys, values, stamps = ([r[i] for r in chunk] for i in range(3))
             t0 = time.process_time()
-            events, _invalid = decode_many(keys, values, stamps)  # type: ignore[arg-type]
+            fold = sink.fold_at_decode()
+            events, _invalid, _newest = decode_columns(keys, values, stamps, fold)
             t1 = time.process_time()
-            folded = fold_rows([e for e in events if e is not None], starts)
+            folded = sink.fold_decoded(fold) if fold is not None else sink.fold([e for e in events if e is not None])
             t2 = time.process_time()
             with engine.begin() as connection:
-                write_rows(connection, tables, folded, now_utc_naive(), rendered=starts.rendered)
+                sink.write(connection, folded, now_utc_naive())
             t3 = time.process_time()
             spent["decode"] += t1 - t0
             spent["fold"] += t2 - t1

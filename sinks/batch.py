@@ -46,7 +46,7 @@ import logging
 import operator
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -54,7 +54,7 @@ from typing import Any
 import msgspec
 from sqlalchemy import Connection
 
-from skillstats.contract import StatEvent
+from skillstats.contract import StatEvent, decode_many
 from skillstats.sinks.fences import DlqMark, PartitionFences
 from skillstats.sinks.upserts import now_utc_naive
 
@@ -110,6 +110,47 @@ class ApplyOutcome:
             self.next_offsets[partition] = max(next_offset, self.next_offsets.get(partition, 0))
 
 
+class DecodedOnUse(Sequence["StatEvent | None"]):
+    """A partition's events as `decode_many` makes them from its records, decoded on first use.
+
+    What a fold that read the records themselves leaves in a PartitionBatch
+    (`FencedSink.fold_at_decode`): the usual batch never asks for its events,
+    so none is built; the record-by-record paths (a replay, a repeat, a
+    rejected record, a batch folded again without a revoked partition) ask,
+    and get the very events a decode of the same records gives, since a
+    record's verdict is a function of the record alone. The columns are the
+    batch's own, which nothing changes once it is handed over.
+    """
+
+    __slots__ = ("_events", "_keys", "_length", "_timestamps", "_values")
+
+    def __init__(
+        self, keys: Sequence[bytes | None], values: Sequence[bytes | None], timestamps: Sequence[int | None]
+    ) -> None:
+        if not len(keys) == len(values) == len(timestamps):
+            raise ValueError("keys, values and timestamps must be of one length")
+        self._keys, self._values, self._timestamps = keys, values, timestamps
+        self._length = len(keys)
+        self._events: list[StatEvent | None] | None = None
+
+    @property
+    def events(self) -> list[StatEvent | None]:
+        if self._events is None:
+            if not len(self._keys) == len(self._values) == len(self._timestamps) == self._length:
+                raise RuntimeError("a batch's record columns changed after they were handed over")
+            self._events = decode_many(self._keys, self._values, self._timestamps)[0]
+        return self._events
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.events[index]
+
+    def __iter__(self) -> Iterator[StatEvent | None]:
+        return iter(self.events)
+
+
 class PartitionBatch(msgspec.Struct, frozen=True, gc=False):
     """One partition's records of a batch, in the order they were handed over, as two columns.
 
@@ -127,7 +168,8 @@ class PartitionBatch(msgspec.Struct, frozen=True, gc=False):
 
     partition: int
     offsets: list[int]
-    events: list[StatEvent | None]  # None: counts nothing, moves the fence (an invalid record, parked)
+    # None: counts nothing, moves the fence (an invalid record, parked); a list, or DecodedOnUse
+    events: Sequence[StatEvent | None]
     since: int
     until: int | None = None
 
@@ -143,16 +185,15 @@ def by_partition(records: Sequence[ConsumedRecord], since: Mapping[int, int] | N
     `since`: per partition, where the read of its records started; by default its
     lowest offset here (the records claim nothing about the offsets below them).
     """
-    parts: dict[int, PartitionBatch] = {}
+    parts: dict[int, tuple[list[int], list[StatEvent | None]]] = {}
     for record in records:
-        part = parts.get(record.partition)
-        if part is None:
-            part = parts[record.partition] = PartitionBatch(record.partition, [], [], 0)
-        part.offsets.append(record.offset)
-        part.events.append(record.event)
+        columns = parts.get(record.partition)
+        if columns is None:
+            columns = parts[record.partition] = ([], [])
+        columns[0].append(record.offset)
+        columns[1].append(record.event)
     return [
-        PartitionBatch(p, part.offsets, part.events, (since or {}).get(p, min(part.offsets)))
-        for p, part in parts.items()
+        PartitionBatch(p, offsets, events, (since or {}).get(p, min(offsets))) for p, (offsets, events) in parts.items()
     ]
 
 
@@ -269,8 +310,22 @@ class FencedSink(PartitionFences, ABC):
     def write(self, connection: Connection, folded: Any, now: datetime) -> dict[str, int]:
         """Add what `fold` made to the sink's tables, inside the batch's transaction; rows written per table."""
 
+    def fold_at_decode(self) -> Any:
+        """A fold for the decode to hand a batch's records to as it reads them (sinks/pipeline.py `decode_batch`:
+        the usual records go in as bytes, with no event built, the rest as their events; its partitions' events
+        are then DecodedOnUse), or None: this sink folds the events (`fold`), the default. `fold_decoded`
+        makes of it what `fold` would make of the batch's valid events; `kinds()` counts them by kind."""
+        return None
+
+    def fold_decoded(self, folded_at_decode: Any) -> Any:
+        """What `fold` makes of the valid events of the batch `folded_at_decode` (from `fold_at_decode`) took."""
+        raise NotImplementedError(f"{type(self).__name__} folds events, not records at their decode")
+
     def prepare(
-        self, batch: Sequence[ConsumedRecord] | Sequence[PartitionBatch], since: Mapping[int, int] | None = None
+        self,
+        batch: Sequence[ConsumedRecord] | Sequence[PartitionBatch],
+        since: Mapping[int, int] | None = None,
+        folded_at_decode: Any = None,
     ) -> Prepared:
         """Fold a batch ahead of its transaction (in another thread, while the previous one commits).
 
@@ -279,14 +334,17 @@ class FencedSink(PartitionFences, ABC):
         entries, and its offsets may come in any order: only a batch whose every
         partition's offsets strictly rise is folded here (the usual case), any other
         is folded in the transaction from what is new (`apply`).
+
+        `folded_at_decode`: the `fold_at_decode` the decode of exactly these
+        entries filled, whose rows and kinds stand for their valid events'.
         """
         if batch and isinstance(batch[0], PartitionBatch):
             parts: Sequence[PartitionBatch] = batch  # type: ignore[assignment]
         else:
             parts = by_partition(batch, since)  # type: ignore[arg-type]
-        return self.prepare_parts(parts)
+        return self.prepare_parts(parts, folded_at_decode)
 
-    def prepare_parts(self, parts: Sequence[PartitionBatch]) -> Prepared:
+    def prepare_parts(self, parts: Sequence[PartitionBatch], folded_at_decode: Any = None) -> Prepared:
         lowest: dict[int, int] = {}
         end: dict[int, int] = {}
         reads: dict[int, list[tuple[int, int]]] = {}
@@ -315,11 +373,17 @@ class FencedSink(PartitionFences, ABC):
             end[partition] = max(part.covers_to(), end.get(partition, 0))
             reads.setdefault(partition, []).append((part.since, part.covers_to()))
             counts[partition] = counts.get(partition, 0) + len(offsets)
-            valid.extend(filter(None, part.events))
+            if folded_at_decode is None:
+                valid.extend(filter(None, part.events))
         for spans in reads.values():
             spans.sort()
-        kinds = dict(Counter(map(operator.attrgetter("kind"), valid)))
-        return Prepared(parts, lowest, end, rising, self.fold(valid) if rising else None, kinds, reads, counts)
+        if folded_at_decode is not None:  # no event asked for: the decode folded the records
+            kinds = folded_at_decode.kinds()
+            folded = self.fold_decoded(folded_at_decode) if rising else None
+        else:
+            kinds = dict(Counter(map(operator.attrgetter("kind"), valid)))
+            folded = self.fold(valid) if rising else None
+        return Prepared(parts, lowest, end, rising, folded, kinds, reads, counts)
 
     def apply(
         self,

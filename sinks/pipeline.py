@@ -33,14 +33,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from skillstats.config import redact_url
-from skillstats.contract import decode_many
+from skillstats.contract import Invalid, StatEvent, decode_many, decode_pending
 from skillstats.dlq import H_REPLAYED_FROM, REJECTED_BY_DATABASE, DeadLetters, MarkUpdates, Parcel
 from skillstats.kafka import RawRecord
 from skillstats.metrics import PipelineMetrics, watch_health
 from skillstats.positions import Positions
 from skillstats.retry import Backoff
 from skillstats.shutdown import LEAVE_RESERVE_S
-from skillstats.sinks.batch import ApplyOutcome, ConsumedRecord, PartitionBatch
+from skillstats.sinks.batch import ApplyOutcome, ConsumedRecord, DecodedOnUse, PartitionBatch
 from skillstats.sinks.identity import IdentityMismatch
 from skillstats.sinks.recovery import Abandoned, Health, NotOwned, apply_with_recovery, retrying
 from skillstats.sinks.windows import WindowsSink
@@ -135,12 +135,14 @@ class DecodedBatch(NamedTuple):
     parcels: list[Parcel]  # the invalid records, for the DLQ
     newest_event_ms: dict[int, int]  # partition -> newest occurred_at of a valid event
     newest_record_ms: dict[int, int]  # partition -> newest Kafka timestamp
+    folded: Any = None  # the `fold` handed in, with every valid event of `parts` in it
 
 
 def decode_batch(
     fetched: Mapping[int, Sequence[FetchedRecord]],
     since: Mapping[int, int],
     until: Mapping[int, int] | None = None,
+    fold: Any = None,
 ) -> DecodedBatch:
     """Decode a batch, kept per partition; invalid records become fence-only entries plus parcels for the DLQ.
 
@@ -151,6 +153,12 @@ def decode_batch(
     timestamp), so this group and docsync always agree on it. Records are read
     into columns and decoded in one call per partition: no object per record
     beyond the event itself.
+
+    `fold`: a sink's `fold_at_decode` (skillstats._native.WindowFold), or None.
+    With one, the records the C reader can prove valid are added to it from
+    their bytes, with no event built, the rest decoded as always and their
+    valid events added: the entries' events are then DecodedOnUse, built only
+    if a rarer path asks for them.
     """
     parts: list[PartitionBatch] = []
     parcels: list[Parcel] = []
@@ -168,7 +176,9 @@ def decode_batch(
         else:
             offsets, stamps = [raw.offset for raw in raws], [raw.timestamp for raw in raws]
             keys, values = [raw.key for raw in raws], [raw.value for raw in raws]
-        events, invalid = decode_many(keys, values, stamps)
+        events, invalid, newest = decode_columns(keys, values, stamps, fold)
+        if newest is not None:
+            newest_event[partition] = newest
         for index, why in invalid:
             raw = raws[index]
             parcels.append(
@@ -181,13 +191,28 @@ def decode_batch(
                 )
             )
         parts.append(PartitionBatch(partition, offsets, events, since[partition], until.get(partition)))
-        newest = max(map(_OCCURRED_AT, filter(None, events)), default=None)
-        if newest is not None:
-            newest_event[partition] = newest
-        newest = max(filter(_NOT_NONE, stamps), default=-1)
-        if newest >= 0:  # -1: Kafka's "no timestamp", not a time
-            newest_record[partition] = newest
-    return DecodedBatch(parts, parcels, newest_event, newest_record)
+        newest_stamp = max(filter(_NOT_NONE, stamps), default=-1)
+        if newest_stamp >= 0:  # -1: Kafka's "no timestamp", not a time
+            newest_record[partition] = newest_stamp
+    return DecodedBatch(parts, parcels, newest_event, newest_record, fold)
+
+
+def decode_columns(
+    keys: Sequence[bytes | None], values: Sequence[bytes | None], stamps: Sequence[int | None], fold: Any = None
+) -> tuple[Sequence[StatEvent | None], list[tuple[int, Invalid]], int | None]:
+    """One read's records decoded: their events (None for an invalid one), the invalid ones by index, and the
+    newest occurred_at of a valid one (None: no valid one); with `fold`, the valid ones added to it and the
+    events DecodedOnUse (see decode_batch)."""
+    if fold is None:
+        events, invalid = decode_many(keys, values, stamps)
+        return events, invalid, max(map(_OCCURRED_AT, filter(None, events)), default=None)
+    pending, newest = fold.add_records(keys, values, stamps)
+    decided, invalid = decode_pending(keys, values, stamps, pending)
+    if decided:
+        valid = list(filter(None, decided))
+        fold.add_events(valid)
+        newest = max(filter(_NOT_NONE, (newest, *map(_OCCURRED_AT, valid))), default=None)
+    return DecodedOnUse(keys, values, stamps), invalid, newest
 
 
 _OCCURRED_AT = operator.attrgetter("occurred_at")
@@ -243,8 +268,10 @@ class WindowsPipeline:
         began = time.perf_counter()
         # Asked now, answered before the transaction: the request runs while this decodes.
         asked = self.topic_ids.request(self.sink.topic) if self.topic_ids is not None else None
-        parts, parcels, newest_event_ms, newest_record_ms = decode_batch(fetched, since, until)
-        prepared = self.sink.prepare(parts)  # the fold, and each partition's end, once
+        parts, parcels, newest_event_ms, newest_record_ms, folded = decode_batch(
+            fetched, since, until, self.sink.fold_at_decode()
+        )
+        prepared = self.sink.prepare(parts, folded_at_decode=folded)  # the fold, and each partition's end, once
         if asked is not None:
             # Before anything leaves for the DLQ: a replaced topic's records are parked by no one.
             self._verify_topic(asked)

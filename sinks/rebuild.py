@@ -144,7 +144,12 @@ class RebuildSink(WindowsSink):
         for p, offsets in skipped(engine, rebuild_id).items():
             self.skips[p] = frozenset(offsets)
 
-    def prepare_parts(self, parts: Sequence[PartitionBatch]) -> Prepared:
+    def fold_at_decode(self) -> Any:
+        return None  # its fold keeps only the days it owns and leaves the skipped records out: from the events
+
+    def prepare_parts(self, parts: Sequence[PartitionBatch], folded_at_decode: Any = None) -> Prepared:
+        if folded_at_decode is not None:
+            raise ValueError("a rebuild's sink folds the events: it takes no fold made at the decode")
         if self.skips:
             parts = [self._without_skipped(part) for part in parts]
         return super().prepare_parts(parts)

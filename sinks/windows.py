@@ -65,6 +65,18 @@ class WindowsSink(FencedSink):
     def fold(self, events: list[StatEvent]) -> WindowRows:
         return fold_rows(events, self.starts)
 
+    def fold_at_decode(self) -> Any:
+        """The C fold (skillstats/_native.c `WindowFold`) where the module is built: the decode adds the records
+        it can prove valid straight from their bytes, as docsync's drain does, and the others' events; the
+        rows are `fold_rows`' (tests/test_native.py). None, and the events are folded, without the module or
+        for a subclass with a `fold` of its own (the fold at the decode would not be that fold)."""
+        if native is None or type(self).fold is not WindowsSink.fold:
+            return None
+        return native.WindowFold(WINDOW_DELTAS)
+
+    def fold_decoded(self, folded_at_decode: Any) -> WindowRows:
+        return folded_at_decode.rows(self.starts.hour, self.starts.day)  # type: ignore[no-any-return]
+
     def write(self, connection: Connection, folded: Any, now: datetime) -> dict[str, int]:
         return write_rows(connection, self.tables, folded, now, rendered=self.starts.rendered)
 

@@ -23,6 +23,11 @@ of reading it:
 - `window_rows` is sinks/windows.py's `fold_rows`: the windows' rows in key
   order for the upserts, the same as `rows_of(fold(...))` in Python; and
   `fold_skills` the loop of sinks/docstats.py's `PartitionDeltas.add_decoded`.
+- `WindowFold` is the same fold over a batch given piece by piece, and what
+  the windows worker's decode feeds (sinks/pipeline.py `decode_batch`): the
+  records `decode_valid` would take are added from their bytes, with no event
+  built (as `fold_records` does for docsync), the others' events as
+  `window_rows` adds them; `window_rows` is one of these fed only events.
 - `batch_columns` is streams/aiokafka_records.py's Python loop over a record
   batch, `_columns_from`: a v2 batch's records from a position on, read from its
   bytes into the drain's columns, where aiokafka built a record object each.
@@ -564,104 +569,268 @@ static int append_row(PyObject *rows, PyObject *seen, PyObject *convert, PyObjec
     return failed;
 }
 
-PyDoc_STRVAR(window_rows_doc,
-             "window_rows(events, window_deltas, hour_of, day_of) -> (hourly_rows, daily_rows)\n\n"
-             "sinks.windows.fold_rows: (skill_id, hour_of(hour start ms), downloads, installs) per (skill, UTC hour)\n"
-             "of the events' window effects, in (skill_id, hour) order, and the same per UTC day with day_of;\n"
-             "hour_of and day_of are called once per distinct start.");
+/* A seeded hash of a skill id's code units (a str's data, or a record's bytes, which are its one-byte data):
+   a table keyed by records' bytes cannot use the str hash without building the str. The seed is this process's
+   str hash of a constant, so it changes with Python's own hash randomization and colliding ids cannot be
+   prepared in advance any more than for a dict. */
+static unsigned long long hash_seed = 0x243F6A8885A308D3ULL;
 
-static PyObject *window_rows(PyObject *self, PyObject *args) {
-    PyObject *events, *window, *hour_of, *day_of;
-    if (!PyArg_ParseTuple(args, "OO!OO", &events, &PyDict_Type, &window, &hour_of, &day_of))
+static inline unsigned long long mix(unsigned long long a, unsigned long long b) {
+    __uint128_t r = (__uint128_t)a * b;
+    return (unsigned long long)r ^ (unsigned long long)(r >> 64);
+}
+
+static unsigned long long skill_hash(const unsigned char *data, size_t size) {
+    unsigned long long h = hash_seed ^ (size * 0x9E3779B97F4A7C15ULL);
+    while (size >= 8) {
+        unsigned long long word;
+        memcpy(&word, data, 8);
+        h = mix(h ^ word, 0xBF58476D1CE4E5B9ULL ^ hash_seed);
+        data += 8;
+        size -= 8;
+    }
+    unsigned long long tail = 0;
+    memcpy(&tail, data, size);
+    return mix(h ^ tail ^ 0x94D049BB133111EBULL, 0xA0761D6478BD642FULL ^ hash_seed);
+}
+
+/* A skill id as the table compares it: a str's data (its one-, two- or four-byte code units), or a record's
+   ASCII bytes, which are the data of the one-byte str they decode to. Equal ids have equal data and width. */
+typedef struct {
+    const void *data;
+    Py_ssize_t length; /* code units */
+    int width;         /* bytes per code unit: PyUnicode_KIND */
+    PyObject *str;     /* the str when there is one (borrowed), else NULL: made if the id is new */
+} SkillKey;
+
+/* A batch's windows counts while it is folded: a (skill, hour) table of C ints, records and events added to it
+   in any order, its rows taken once. */
+typedef struct {
+    PyObject_HEAD
+    HourSlot *slots;
+    size_t capacity, used;
+    PyObject *window;                  /* a copy of the kind -> (downloads, installs) table handed over */
+    PyObject *names[MAX_KINDS];        /* the contract's kinds when made (the reader's table, checked on use) */
+    int name_count;
+    long long effects[MAX_KINDS][2];   /* names[k]'s window effect, when has_effect[k] */
+    int has_effect[MAX_KINDS];
+    long long taken[MAX_KINDS];        /* records add_records took, by kind */
+    PyObject *kinds_added;             /* kind -> events add_events took (a dict) */
+    int busy;                          /* a method is under way: an attribute read or a converter may call in */
+    int done;                          /* 1: rows() ran, the slots are sorted, no longer a table; 2: an add
+                                          failed part-way, what it added so far is in: fed again it would count
+                                          twice */
+} WindowFold;
+
+static PyTypeObject WindowFoldType;
+
+static int fold_grow(WindowFold *f) {
+    size_t capacity = f->capacity * 2;
+    HourSlot *slots = PyMem_Calloc(capacity, sizeof(HourSlot));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < f->capacity; i++) {
+        HourSlot *old = &f->slots[i];
+        if (old->skill == NULL)
+            continue;
+        size_t at = (size_t)mix((unsigned long long)old->hash ^ (unsigned long long)old->start, 0x9E3779B97F4A7C15ULL) &
+                    (capacity - 1);
+        while (slots[at].skill != NULL)
+            at = (at + 1) & (capacity - 1);
+        slots[at] = *old;
+    }
+    PyMem_Free(f->slots);
+    f->slots = slots;
+    f->capacity = capacity;
+    return 0;
+}
+
+/* Add (downloads, installs) to (skill, hour start)'s slot, made when new; 0 on success. */
+static int fold_add(WindowFold *f, const SkillKey *key, long long start, long long downloads, long long installs) {
+    if ((f->used + 1) * 2 > f->capacity && fold_grow(f) < 0)
+        return -1;
+    unsigned long long hash = skill_hash(key->data, (size_t)key->length * (size_t)key->width);
+    size_t mask = f->capacity - 1;
+    size_t at = (size_t)mix(hash ^ (unsigned long long)start, 0x9E3779B97F4A7C15ULL) & mask;
+    HourSlot *slot;
+    for (;;) {
+        slot = &f->slots[at];
+        if (slot->skill == NULL)
+            break;
+        if ((unsigned long long)slot->hash == hash && slot->start == start &&
+            PyUnicode_KIND(slot->skill) == key->width && PyUnicode_GET_LENGTH(slot->skill) == key->length &&
+            memcmp(PyUnicode_DATA(slot->skill), key->data, (size_t)key->length * (size_t)key->width) == 0)
+            break;
+        at = (at + 1) & mask;
+    }
+    if (slot->skill == NULL) {
+        PyObject *skill = key->str != NULL ? Py_NewRef(key->str) : ascii_str(key->data, key->length);
+        if (skill == NULL)
+            return -1;
+        slot->skill = skill;
+        slot->hash = (Py_hash_t)hash;
+        slot->start = start;
+        slot->wide = key->width != 1;
+        slot->head = 0;
+        if (!slot->wide) {
+            const unsigned char *bytes = key->data;
+            for (Py_ssize_t b = 0; b < 8; b++)
+                slot->head = (slot->head << 8) | (b < key->length ? bytes[b] : 0);
+        }
+        f->used++;
+    }
+    if (__builtin_add_overflow(slot->downloads, downloads, &slot->downloads) ||
+        __builtin_add_overflow(slot->installs, installs, &slot->installs)) {
+        PyErr_SetString(PyExc_OverflowError, "a window count past 64 bits in one batch");
+        return -1;
+    }
+    return 0;
+}
+
+static int fold_enter(WindowFold *f) {
+    if (f->busy || f->done) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        f->busy       ? "this fold is in use (called back into from an attribute read or a converter)"
+                        : f->done == 1 ? "this fold's rows were taken: nothing more can be added or taken"
+                                       : "an add to this fold failed part-way: it holds part of that add, no rows");
+        return -1;
+    }
+    f->busy = 1;
+    return 0;
+}
+
+static PyObject *fold_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *window;
+    static char *keywords[] = {"window_deltas", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!:WindowFold", keywords, &PyDict_Type, &window))
         return NULL;
+    WindowFold *f = (WindowFold *)type->tp_alloc(type, 0);
+    if (f == NULL)
+        return NULL;
+    f->capacity = 1024;
+    f->slots = PyMem_Calloc(f->capacity, sizeof(HourSlot));
+    f->window = PyDict_Copy(window);
+    f->kinds_added = PyDict_New();
+    if (f->slots == NULL || f->window == NULL || f->kinds_added == NULL) {
+        if (f->slots == NULL)
+            PyErr_NoMemory();
+        Py_DECREF(f);
+        return NULL;
+    }
+    /* Each kind's effect read once, as the per-event loop reads it from the table. */
+    for (int k = 0; k < kind_count; k++) {
+        f->names[k] = Py_NewRef(kinds[k].name);
+        f->name_count = k + 1;
+        PyObject *effect = PyDict_GetItemWithError(f->window, kinds[k].name); /* borrowed */
+        if (effect == NULL) {
+            if (PyErr_Occurred()) {
+                Py_DECREF(f);
+                return NULL;
+            }
+            continue;
+        }
+        if (!PyTuple_Check(effect) || PyTuple_GET_SIZE(effect) != 2) {
+            PyErr_SetString(PyExc_TypeError, "a window effect is not a tuple of two ints");
+            Py_DECREF(f);
+            return NULL;
+        }
+        for (Py_ssize_t j = 0; j < 2; j++) {
+            f->effects[k][j] = PyLong_AsLongLong(PyTuple_GET_ITEM(effect, j));
+            if (f->effects[k][j] == -1 && PyErr_Occurred()) {
+                Py_DECREF(f);
+                return NULL;
+            }
+        }
+        f->has_effect[k] = 1;
+    }
+    return (PyObject *)f;
+}
+
+static void fold_dealloc(WindowFold *f) {
+    if (f->slots != NULL) {
+        for (size_t i = 0; i < f->capacity; i++)
+            Py_XDECREF(f->slots[i].skill);
+        PyMem_Free(f->slots);
+    }
+    for (int k = 0; k < f->name_count; k++)
+        Py_XDECREF(f->names[k]);
+    Py_XDECREF(f->window);
+    Py_XDECREF(f->kinds_added);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+/* Each event's window effect added (its kind counted in kinds_added when `count_kinds`); 0 on success. */
+static int fold_events(WindowFold *f, PyObject *events, int count_kinds) {
     PyObject *seq = PySequence_Tuple(events); /* a snapshot: the loop runs code that may change a list */
     if (seq == NULL)
-        return NULL;
+        return -1;
     Py_ssize_t n = PyTuple_GET_SIZE(seq);
-    size_t capacity = 16;
-    while (capacity < (size_t)n * 2)
-        capacity <<= 1;
-    size_t mask = capacity - 1;
-    HourSlot *slots = PyMem_Calloc(capacity, sizeof(HourSlot));
-    PyObject *hourly = PyList_New(0), *daily = PyList_New(0), *hours_seen = PyDict_New(), *days_seen = PyDict_New();
-    PyObject *result = NULL;
-    if (slots == NULL || hourly == NULL || daily == NULL || hours_seen == NULL || days_seen == NULL) {
-        if (slots == NULL)
-            PyErr_NoMemory();
-        goto done;
-    }
-    /* Each event's effect added to its (skill, hour) slot: an open-addressing table of C ints, no Python object
-       per event or per bucket until the rows. */
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *event = PyTuple_GET_ITEM(seq, i);
         PyObject *kind = PyObject_GetAttr(event, str_kind);
         if (kind == NULL)
-            goto done;
-        PyObject *effect = PyDict_GetItemWithError(window, kind); /* borrowed, kept alive by `window` */
+            goto fail;
+        if (count_kinds && add_counts_scalar(f->kinds_added, kind, 1) < 0) {
+            Py_DECREF(kind);
+            goto fail;
+        }
+        PyObject *effect = PyDict_GetItemWithError(f->window, kind); /* borrowed, kept alive by the copy */
         Py_DECREF(kind);
         if (effect == NULL) {
             if (PyErr_Occurred())
-                goto done;
+                goto fail;
             continue; /* a kind that counts nothing in the windows */
+        }
+        if (!PyTuple_Check(effect) || PyTuple_GET_SIZE(effect) != 2) {
+            PyErr_SetString(PyExc_TypeError, "a window effect is not a tuple of two ints");
+            goto fail;
         }
         long long downloads = PyLong_AsLongLong(PyTuple_GET_ITEM(effect, 0));
         long long installs = PyLong_AsLongLong(PyTuple_GET_ITEM(effect, 1));
         if (PyErr_Occurred())
-            goto done;
+            goto fail;
         PyObject *at_obj = PyObject_GetAttr(event, str_occurred_at);
         if (at_obj == NULL)
-            goto done;
+            goto fail;
         long long at = PyLong_AsLongLong(at_obj);
         Py_DECREF(at_obj);
         long long start;
         if ((at == -1 && PyErr_Occurred()) || bucket_start(at, MS_PER_HOUR, &start))
-            goto done;
+            goto fail;
         PyObject *skill = PyObject_GetAttr(event, str_skill_id);
         if (skill == NULL)
-            goto done;
+            goto fail;
         if (!PyUnicode_Check(skill)) {
             Py_DECREF(skill);
             PyErr_SetString(PyExc_TypeError, "an event's skill_id is not a str");
-            goto done;
+            goto fail;
         }
-        Py_hash_t hash = PyObject_Hash(skill);
-        if (hash == -1) {
-            Py_DECREF(skill);
-            goto done;
-        }
-        size_t at_slot = ((size_t)hash ^ ((size_t)(start / MS_PER_HOUR) * 0x9E3779B97F4A7C15ULL)) & mask;
-        HourSlot *slot;
-        for (;;) {
-            slot = &slots[at_slot];
-            if (slot->skill == NULL || (slot->hash == hash && slot->start == start &&
-                                        compare_str(slot->skill, skill) == 0))
-                break;
-            at_slot = (at_slot + 1) & mask;
-        }
-        if (slot->skill == NULL) {
-            slot->skill = skill; /* the reference taken above */
-            slot->hash = hash;
-            slot->start = start;
-            slot->wide = PyUnicode_KIND(skill) != PyUnicode_1BYTE_KIND;
-            if (!slot->wide) {
-                const unsigned char *bytes = PyUnicode_DATA(skill);
-                Py_ssize_t length = PyUnicode_GET_LENGTH(skill);
-                for (Py_ssize_t b = 0; b < 8; b++)
-                    slot->head = (slot->head << 8) | (b < length ? bytes[b] : 0);
-            }
-        } else {
-            Py_DECREF(skill);
-        }
-        if (__builtin_add_overflow(slot->downloads, downloads, &slot->downloads) ||
-            __builtin_add_overflow(slot->installs, installs, &slot->installs)) {
-            PyErr_SetString(PyExc_OverflowError, "a window count past 64 bits in one batch");
-            goto done;
-        }
+        SkillKey key = {PyUnicode_DATA(skill), PyUnicode_GET_LENGTH(skill), PyUnicode_KIND(skill), skill};
+        int failed = fold_add(f, &key, start, downloads, installs);
+        Py_DECREF(skill);
+        if (failed)
+            goto fail;
     }
-    /* The slots in use moved to the front and sorted: the hours in (skill, hour) order, and each (skill, day)'s
-       hours next to each other, so the days are summed in the same pass. */
+    Py_DECREF(seq);
+    return 0;
+fail:
+    Py_DECREF(seq);
+    return -1;
+}
+
+/* The rows of the slots in use: moved to the front and sorted, so the hours come in (skill, hour) order and each
+   (skill, day)'s hours next to each other, the days summed in the same pass. Leaves the slots unusable as a
+   table. A new (hourly, daily) tuple, NULL on an error. */
+static PyObject *fold_rows_of(WindowFold *f, PyObject *hour_of, PyObject *day_of) {
+    HourSlot *slots = f->slots;
+    PyObject *hourly = PyList_New(0), *daily = PyList_New(0), *hours_seen = PyDict_New(), *days_seen = PyDict_New();
+    PyObject *result = NULL;
+    if (hourly == NULL || daily == NULL || hours_seen == NULL || days_seen == NULL)
+        goto done;
     size_t rows = 0;
-    for (size_t i = 0; i < capacity; i++)
+    for (size_t i = 0; i < f->capacity; i++)
         if (slots[i].skill != NULL) {
             if (i != rows) {
                 slots[rows] = slots[i];
@@ -689,7 +858,7 @@ static PyObject *window_rows(PyObject *self, PyObject *args) {
         }
         if (day_skill != NULL && append_row(daily, days_seen, day_of, day_skill, day, day_downloads, day_installs))
             goto done;
-        day_skill = slot->skill; /* held by its slot until the end */
+        day_skill = slot->skill; /* held by its slot until the fold is freed */
         day = start;
         day_downloads = slot->downloads;
         day_installs = slot->installs;
@@ -698,17 +867,185 @@ static PyObject *window_rows(PyObject *self, PyObject *args) {
         goto done;
     result = PyTuple_Pack(2, hourly, daily);
 done:
-    if (slots != NULL) {
-        for (size_t i = 0; i < capacity; i++)
-            Py_XDECREF(slots[i].skill);
-        PyMem_Free(slots);
-    }
-    Py_DECREF(seq);
     Py_XDECREF(hourly);
     Py_XDECREF(daily);
     Py_XDECREF(hours_seen);
     Py_XDECREF(days_seen);
     return result;
+}
+
+PyDoc_STRVAR(fold_add_records_doc,
+             "add_records(keys, values, timestamps) -> (pending, newest)\n\n"
+             "decode_valid and add_events in one pass, with no event built: each record decode_valid would take is\n"
+             "counted by kind and its window effect added; `pending` the indexes of the others, for the Python paths\n"
+             "to decide (their valid events go to add_events); `newest` the latest occurred_at of the records taken,\n"
+             "None when none was. Three sequences of one length.");
+
+static PyObject *fold_add_records(WindowFold *f, PyObject *args) {
+    PyObject *key_arg, *value_arg, *timestamp_arg;
+    if (!PyArg_ParseTuple(args, "OOO", &key_arg, &value_arg, &timestamp_arg))
+        return NULL;
+    if (event_type == NULL || kind_count != f->name_count) {
+        PyErr_SetString(PyExc_RuntimeError, "skillstats._native was configured again after this fold was made");
+        return NULL;
+    }
+    for (int k = 0; k < kind_count; k++)
+        if (kinds[k].name != f->names[k]) {
+            PyErr_SetString(PyExc_RuntimeError, "skillstats._native was configured again after this fold was made");
+            return NULL;
+        }
+    if (fold_enter(f) < 0)
+        return NULL;
+    PyObject *pending = NULL, *result = NULL;
+    long long newest = -1;
+    int started = 0; /* the records are being added: a failure from here leaves part of them in */
+    PyObject *keys = PySequence_Fast(key_arg, "keys must be a sequence");
+    PyObject *values = keys ? PySequence_Fast(value_arg, "values must be a sequence") : NULL;
+    PyObject *timestamps = values ? PySequence_Fast(timestamp_arg, "timestamps must be a sequence") : NULL;
+    if (timestamps == NULL)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(values);
+    if (PySequence_Fast_GET_SIZE(keys) != n || PySequence_Fast_GET_SIZE(timestamps) != n) {
+        PyErr_SetString(PyExc_ValueError, "keys, values and timestamps must be of one length");
+        goto done;
+    }
+    pending = PyList_New(0);
+    if (pending == NULL)
+        goto done;
+    started = 1;
+    /* Items are borrowed: nothing in the loop runs Python code (only str and int are made, which cannot start
+       the cyclic collector), so the sequences cannot change under it. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Wire w;
+        const Kind *kind;
+        if (!check_one(PySequence_Fast_GET_ITEM(keys, i), PySequence_Fast_GET_ITEM(values, i),
+                       PySequence_Fast_GET_ITEM(timestamps, i), &w, &kind)) {
+            PyObject *index = PyLong_FromSsize_t(i);
+            if (index == NULL || PyList_Append(pending, index) < 0) {
+                Py_XDECREF(index);
+                goto done;
+            }
+            Py_DECREF(index);
+            continue;
+        }
+        int k = (int)(kind - kinds);
+        f->taken[k]++;
+        if (w.occurred_at > newest)
+            newest = w.occurred_at;
+        if (!f->has_effect[k])
+            continue;
+        long long start;
+        if (bucket_start(w.occurred_at, MS_PER_HOUR, &start))
+            goto done;
+        SkillKey key = {w.skill_id, w.skill_id_len, PyUnicode_1BYTE_KIND, NULL};
+        if (fold_add(f, &key, start, f->effects[k][0], f->effects[k][1]) < 0)
+            goto done;
+    }
+    if (newest < 0)
+        result = Py_BuildValue("(OO)", pending, Py_None);
+    else
+        result = Py_BuildValue("(OL)", pending, newest);
+done:
+    f->busy = 0;
+    if (result == NULL && started)
+        f->done = 2;
+    Py_XDECREF(keys);
+    Py_XDECREF(values);
+    Py_XDECREF(timestamps);
+    Py_XDECREF(pending);
+    return result;
+}
+
+PyDoc_STRVAR(fold_add_events_doc,
+             "add_events(events)\n\n"
+             "Each event's kind counted and its window effect added, as window_rows folds it (None is not an event).");
+
+static PyObject *fold_add_events(WindowFold *f, PyObject *events) {
+    if (fold_enter(f) < 0)
+        return NULL;
+    int failed = fold_events(f, events, 1);
+    f->busy = 0;
+    if (failed) {
+        f->done = 2;
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(fold_kinds_doc, "kinds() -> {kind: count}: the valid records and events added, by kind.");
+
+static PyObject *fold_kinds(WindowFold *f, PyObject *unused) {
+    PyObject *counts = PyDict_Copy(f->kinds_added);
+    if (counts == NULL)
+        return NULL;
+    for (int k = 0; k < f->name_count; k++)
+        if (f->taken[k] && add_counts_scalar(counts, f->names[k], f->taken[k]) < 0) {
+            Py_DECREF(counts);
+            return NULL;
+        }
+    return counts;
+}
+
+PyDoc_STRVAR(fold_rows_doc,
+             "rows(hour_of, day_of) -> (hourly_rows, daily_rows)\n\n"
+             "window_rows' rows of everything added, once: the fold takes nothing more after it.");
+
+static PyObject *fold_rows_method(WindowFold *f, PyObject *args) {
+    PyObject *hour_of, *day_of;
+    if (!PyArg_ParseTuple(args, "OO", &hour_of, &day_of))
+        return NULL;
+    if (fold_enter(f) < 0)
+        return NULL;
+    f->done = 1; /* the slots are sorted in place from here on, even if a converter fails */
+    PyObject *rows = fold_rows_of(f, hour_of, day_of);
+    f->busy = 0;
+    return rows;
+}
+
+static PyMethodDef fold_methods[] = {
+    {"add_records", (PyCFunction)fold_add_records, METH_VARARGS, fold_add_records_doc},
+    {"add_events", (PyCFunction)fold_add_events, METH_O, fold_add_events_doc},
+    {"kinds", (PyCFunction)fold_kinds, METH_NOARGS, fold_kinds_doc},
+    {"rows", (PyCFunction)fold_rows_method, METH_VARARGS, fold_rows_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(window_fold_doc,
+             "WindowFold(window_deltas)\n\n"
+             "sinks.windows.fold_rows over a batch given piece by piece: records (add_records, no event built) and\n"
+             "events (add_events) added in any order, the kinds counted, the rows taken once (rows).");
+
+static PyTypeObject WindowFoldType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "skillstats._native.WindowFold",
+    .tp_basicsize = sizeof(WindowFold),
+    .tp_dealloc = (destructor)fold_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = window_fold_doc,
+    .tp_methods = fold_methods,
+    .tp_new = fold_new,
+};
+
+PyDoc_STRVAR(window_rows_doc,
+             "window_rows(events, window_deltas, hour_of, day_of) -> (hourly_rows, daily_rows)\n\n"
+             "sinks.windows.fold_rows: (skill_id, hour_of(hour start ms), downloads, installs) per (skill, UTC hour)\n"
+             "of the events' window effects, in (skill_id, hour) order, and the same per UTC day with day_of;\n"
+             "hour_of and day_of are called once per distinct start.");
+
+static PyObject *window_rows(PyObject *self, PyObject *args) {
+    PyObject *events, *window, *hour_of, *day_of;
+    if (!PyArg_ParseTuple(args, "OO!OO", &events, &PyDict_Type, &window, &hour_of, &day_of))
+        return NULL;
+    WindowFold *f = (WindowFold *)PyObject_CallOneArg((PyObject *)&WindowFoldType, window);
+    if (f == NULL)
+        return NULL;
+    PyObject *rows = NULL;
+    f->busy = 1; /* not reachable from Python: the flag only keeps the type's own rules */
+    if (fold_events(f, events, 0) == 0) {
+        f->done = 1;
+        rows = fold_rows_of(f, hour_of, day_of);
+    }
+    Py_DECREF(f);
+    return rows;
 }
 
 /* ---- the docsync fold ------------------------------------------------------------------- */
@@ -1351,7 +1688,20 @@ PyMODINIT_FUNC PyInit__native(void) {
     for (size_t j = 0; j < sizeof(texts) / sizeof(texts[0]); j++)
         if ((*names[j] = PyUnicode_InternFromString(texts[j])) == NULL)
             return NULL;
+    /* The skill table's seed from this process's str hash (randomized per process unless PYTHONHASHSEED is set). */
+    PyObject *seed_text = PyUnicode_FromString("skillstats._native skill table");
+    if (seed_text == NULL)
+        return NULL;
+    Py_hash_t seed = PyObject_Hash(seed_text);
+    Py_DECREF(seed_text);
+    if (seed == -1)
+        return NULL;
+    hash_seed ^= (unsigned long long)seed;
+    if (PyType_Ready(&WindowFoldType) < 0)
+        return NULL;
     PyObject *created = PyModule_Create(&module);
+    if (created != NULL && PyModule_AddObjectRef(created, "WindowFold", (PyObject *)&WindowFoldType) < 0)
+        Py_CLEAR(created);
     /* skillstats.contract compares it with the source beside the module (an editable checkout) */
     if (created != NULL && PyModule_AddStringConstant(created, "SOURCE_SHA256", SOURCE_SHA256) < 0)
         Py_CLEAR(created);

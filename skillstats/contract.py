@@ -84,6 +84,7 @@ _NATIVE_FUNCTIONS: Final = (
     "configure",
     "decode_valid",
     "window_rows",
+    "WindowFold",
     "fold_skills",
     "fold_records",
     "take_run",
@@ -447,12 +448,24 @@ def decode_many(
     events, pending = native.decode_valid(keys, values, timestamps)
     if not pending:
         return events, []
+    rest, invalid = decode_pending(keys, values, timestamps, pending)
+    for index, event in zip(pending, rest, strict=True):
+        events[index] = event
+    return events, invalid
+
+
+def decode_pending(
+    keys: Sequence[bytes | None], values: Sequence[bytes | None], timestamps: Sequence[int | None], pending: list[int]
+) -> tuple[list[StatEvent | None], list[tuple[int, Invalid]]]:
+    """The records at `pending` (indexes into the columns) decoded by the Python paths: what the C reader left
+    (`decode_valid`, or a fold that reads the records themselves), an event or None for each, in `pending`'s
+    order, and the invalid ones by their index in the columns."""
+    if not pending:
+        return [], []
     rest, invalid = _decode_python(
         [keys[i] for i in pending], [values[i] for i in pending], [timestamps[i] for i in pending]
     )
-    for index, event in zip(pending, rest, strict=True):
-        events[index] = event
-    return events, [(pending[at], why) for at, why in invalid]
+    return rest, [(pending[at], why) for at, why in invalid]
 
 
 def _decode_python(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections import Counter
 from typing import Any
 from unittest import mock
 
@@ -464,17 +465,19 @@ def test_an_installed_module_lacking_a_function_is_left_unused() -> None:
         "print(contract.native is None, docsync.native_take_run is None, windows.native is None)\n"
         "print(contract.NATIVE_MISSING)\n",
     )
-    assert out.startswith("True True True\n") and "lacks fold_records, take_run" in out
+    assert out.startswith("True True True\n") and "lacks WindowFold, fold_records, take_run" in out
 
 
 def test_the_functions_checked_at_import_are_the_modules_and_the_callers() -> None:
-    """contract._NATIVE_FUNCTIONS (what a module must have to be used) names every function _native.c defines and
-    every `native.<name>(` the code calls: a function added to one and not the other would let a stale build
-    through to fail at its first call."""
+    """contract._NATIVE_FUNCTIONS (what a module must have to be used) names every function and type _native.c
+    defines and every `native.<name>(` the code calls: a function added to one and not the other would let a
+    stale build through to fail at its first call."""
     from pathlib import Path
 
     root = Path(contract.__file__).resolve().parents[1]
-    table = set(re.findall(r'\{"(\w+)", \w+, METH_', (root / "skillstats" / "_native.c").read_text()))
+    source = (root / "skillstats" / "_native.c").read_text()
+    table = set(re.findall(r'\{"(\w+)", \w+, METH_', source))
+    table |= set(re.findall(r'PyModule_AddObjectRef\(created, "(\w+)"', source))  # the types
     called: set[str] = set()
     for folder in ("skillstats", "streams", "sinks"):
         for path in (root / folder).rglob("*.py"):
@@ -577,3 +580,190 @@ def test_batch_columns_refuses_what_does_not_read() -> None:
         read(_record(5, 0, None, None, []), base=2**63 - 3)  # past 64 bits
     with pytest.raises(TypeError):
         native.batch_columns(good, 1, 0, 0, None, 0, ([], [], [], []))  # four columns
+
+
+# ---- the windows fold at the decode (WindowFold) --------------------------------------------------------------
+
+FOLD_SKILLS = ["a", "b", "ab", "a" * 9, "sk_é", "sk_✓", "c" * 128]  # shared by records and events: summed together
+
+
+@st.composite
+def publisher_records(draw: st.DrawFn) -> tuple[bytes | None, bytes | None, int | None]:
+    """A record as a publisher writes it (the C reader takes it, or, for a non-ASCII id, leaves it to Python), now
+    and then with a space the reader passes over, an escape it leaves to Python, or a future it must refuse."""
+    kind = draw(st.sampled_from(KINDS))
+    delta = {"delta_all_time": 3, "delta_current": -1} if EFFECTS[kind].uses_delta else {}
+    at = draw(st.integers(NOW - 3 * 86_400_000, NOW))
+    event = make_event(draw(st.sampled_from(FOLD_SKILLS)), kind, at, now_ms=NOW, **delta)  # type: ignore[arg-type]
+    value = event.encode()
+    how = draw(st.integers(0, 5))
+    if how == 0:
+        value = value.replace(b",", b" ,", 1)
+    elif how == 1:
+        value = value.replace(b'"kind"', b'"\\u006bind"')
+    stamp = NOW if how != 2 else at - MAX_FUTURE_SKEW_MS - 1  # 2: occurred too far after its Kafka timestamp
+    return event.key, value, stamp
+
+
+FOLD_PIECES = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("records"),
+            st.lists(publisher_records() | written_events().map(lambda r: (r[1], r[0], r[2])), max_size=15),
+        ),
+        st.tuples(
+            st.just("events"),
+            st.lists(
+                st.builds(
+                    StatEvent,
+                    event_id=st.just("e"),
+                    skill_id=st.sampled_from(FOLD_SKILLS).map(lambda s: "".join(s)),
+                    kind=st.sampled_from(KINDS),
+                    occurred_at=st.integers(NOW - 3 * 86_400_000, NOW),
+                ),
+                max_size=15,
+            ),
+        ),
+    ),
+    max_size=6,
+)
+
+
+@PROPERTY
+@given(pieces=FOLD_PIECES)
+def test_a_fold_of_records_and_events_is_the_fold_of_their_events(pieces: list[tuple[str, list[Any]]]) -> None:
+    """WindowFold fed reads of records (add_records: no event built, the rest decoded and their events added, as
+    sinks/pipeline.py does) and events (add_events) in any order: the Python fold's rows of all the valid events,
+    their kinds counted, each read's pending exactly decode_valid's and its newest the latest it took."""
+    assert native is not None
+    fold = native.WindowFold(WINDOW_DELTAS)
+    valid: list[StatEvent] = []
+    for what, piece in pieces:
+        if what == "events":
+            fold.add_events(piece)
+            valid += piece
+            continue
+        keys, values, stamps = ([record[i] for record in piece] for i in range(3))
+        pending, newest = fold.add_records(keys, values, stamps)
+        assert pending == native.decode_valid(keys, values, stamps)[1]
+        events, _invalid = decode_many(keys, values, stamps)
+        taken = [event for i, event in enumerate(events) if event is not None and i not in pending]
+        assert newest == max((event.occurred_at for event in taken), default=None)
+        rest, _invalid = contract.decode_pending(keys, values, stamps, pending)
+        fold.add_events([event for event in rest if event is not None])
+        valid += filter(None, events)
+    assert fold.kinds() == dict(Counter(event.kind for event in valid))
+    hourly, daily = windows.fold(valid)
+    assert fold.rows(_hour, _day) == (windows.bucket_rows(hourly, _hour), windows.bucket_rows(daily, _day))
+
+
+def test_a_fold_grows_past_its_first_table() -> None:
+    """Many more (skill, hour)s than its first table holds, from the bytes and from events, the same skills in
+    both: every one kept and summed."""
+    assert native is not None
+    events = [
+        make_event(f"sk_{n % 3000}", "download", NOW - (n // 3000 % 2) * 3_600_000, now_ms=NOW) for n in range(12_000)
+    ]
+    fold = native.WindowFold(WINDOW_DELTAS)
+    half = len(events) // 2
+    assert fold.add_records([e.key for e in events[:half]], [e.encode() for e in events[:half]], [NOW] * half) == (
+        [],
+        max(e.occurred_at for e in events[:half]),
+    )
+    fold.add_events(events[half:])
+    hourly, daily = windows.fold(events)
+    rows = fold.rows(_hour, _day)
+    assert rows == (windows.bucket_rows(hourly, _hour), windows.bucket_rows(daily, _day))
+    assert len(rows[0]) == 6000 and {row[2] for row in rows[0]} == {2}  # one from each half
+
+
+def test_a_fold_takes_nothing_after_its_rows_nor_from_inside_its_own_calls() -> None:
+    """Its rows once (sorting them ends the table); an attribute read or a converter that calls back into the
+    fold is refused rather than let it change the table it is walking; columns of different lengths refused."""
+    assert native is not None
+    fold = native.WindowFold(WINDOW_DELTAS)
+
+    class CallingBack:
+        skill_id = "s"
+        occurred_at = NOW
+
+        @property
+        def kind(self) -> str:
+            fold.add_events([StatEvent("e", "t", "download", NOW)])
+            return "download"
+
+    with pytest.raises(RuntimeError, match="in use"):
+        fold.add_events([CallingBack()])
+    with pytest.raises(RuntimeError, match="part-way"):  # the add that was called back into failed
+        fold.add_events([])
+    fold = native.WindowFold(WINDOW_DELTAS)
+    with pytest.raises(ValueError):
+        fold.add_records([b"s"], [], [NOW])  # refused before anything was added: the fold goes on
+    fold.add_events([StatEvent("e", "s", "download", NOW)])
+
+    def calling_back(start: int) -> str:
+        fold.add_records([], [], [])
+        return _hour(start)
+
+    with pytest.raises(RuntimeError, match="in use"):
+        fold.rows(calling_back, _day)
+    with pytest.raises(RuntimeError, match="taken"):
+        fold.rows(_hour, _day)
+    with pytest.raises(RuntimeError, match="taken"):
+        fold.add_events([])
+    with pytest.raises(TypeError):
+        native.WindowFold({"download": (1,)})
+    # An add that fails part-way leaves part of itself in: the fold refuses to go on (fed again, it would count
+    # the first part twice).
+    huge = native.WindowFold({"download": (2**62, 0)})
+    with pytest.raises(OverflowError):
+        huge.add_events([StatEvent("e", "s", "download", NOW)] * 2)
+    with pytest.raises(RuntimeError, match="part-way"):
+        huge.add_events([])
+    with pytest.raises(RuntimeError, match="part-way"):
+        huge.rows(_hour, _day)
+
+
+def test_a_sink_with_a_fold_of_its_own_folds_its_events() -> None:
+    """The fold at the decode is the windows sink's fold: a subclass that folds otherwise (a rebuild's keeps only
+    the days it owns) gets none, so its own fold runs."""
+    from sqlalchemy import create_engine
+
+    class Halving(windows.WindowsSink):
+        def fold(self, events: list[StatEvent]) -> windows.WindowRows:
+            return super().fold(events[::2])
+
+    engine = create_engine("sqlite://")
+    assert windows.WindowsSink(engine, "g", "t").fold_at_decode() is not None
+    assert Halving(engine, "g", "t").fold_at_decode() is None
+
+
+def test_a_batch_decoded_into_the_fold_is_the_batch_decoded_into_events() -> None:
+    """sinks/pipeline.py's decode_batch with the windows sink's fold and without: the same events (decoded on
+    use), parcels and newest times, and the sink prepares the same rows and kinds from either."""
+    from sqlalchemy import create_engine
+
+    from skillstats.sinks.pipeline import ColumnRecord, decode_batch
+    from skillstats.workload import generate
+
+    records = [(r.key, r.value, NOW) for r in generate(3_000, now_ms=NOW, invalid_ratio=0.2, seed=5)]
+    records += [(case.key, case.value, case.timestamp) for case in CORPUS]
+    random.Random(4).shuffle(records)
+    fetched = {
+        p: [ColumnRecord(o, stamp, key, value, ()) for o, (key, value, stamp) in enumerate(records[p::3])]
+        for p in range(3)
+    }
+    since = dict.fromkeys(fetched, 0)
+    sink = windows.WindowsSink(create_engine("sqlite://"), "g", "t")  # folding only: never connected
+    as_events = decode_batch(fetched, since)
+    as_fold = decode_batch(fetched, since, fold=sink.fold_at_decode())
+    assert as_events.folded is None and as_fold.folded is not None
+    assert [list(part.events) for part in as_fold.parts] == [part.events for part in as_events.parts]
+    assert as_fold.parcels == as_events.parcels
+    assert (as_fold.newest_event_ms, as_fold.newest_record_ms) == (
+        as_events.newest_event_ms,
+        as_events.newest_record_ms,
+    )
+    with_fold = sink.prepare(as_fold.parts, folded_at_decode=as_fold.folded)
+    without = sink.prepare(as_events.parts)
+    assert (with_fold.folded, with_fold.kinds) == (without.folded, without.kinds)

@@ -22,7 +22,7 @@ import sqlite3
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -34,6 +34,7 @@ from skillstats.retry import Backoff
 from skillstats.sinks.batch import ApplyOutcome, ConsumedRecord, PartitionBatch, canonical, split_in_two
 from skillstats.sinks.db import open_engine
 from skillstats.sinks.migrate import upgrade
+from skillstats.sinks.pipeline import decode_columns
 from skillstats.sinks.recovery import apply_with_recovery
 from skillstats.sinks.schema import partition_fences, skill_daily_stats, skill_hourly_stats
 from skillstats.sinks.windows import WindowsSink
@@ -154,8 +155,34 @@ class Consumer:
         self.pending = [part for part in self.pending if part.partition != partition]
 
 
-def shaped(batch: list[PartitionBatch], how: int) -> list[ConsumedRecord] | list[PartitionBatch]:
-    """The same batch in each form a sink accepts: records, per-partition columns, or columns cut in pieces.
+class Recoded(NamedTuple):
+    """A batch as the worker's decode hands it over: each entry's records read from their bytes into the sink's
+    `fold_at_decode` (the events DecodedOnUse, built only if a record-by-record path asks)."""
+
+    parts: list[PartitionBatch]
+    folded: Any
+
+
+def recoded(sink: WindowsSink, batch: list[PartitionBatch]) -> Recoded | None:
+    """`batch` written as the records a publisher sends (a parked record's as a value that is not JSON) and
+    decoded as sinks/pipeline.py decodes a read; None where the sink has no fold at the decode (no C module)."""
+    fold = sink.fold_at_decode()
+    if fold is None:
+        return None
+    parts = []
+    for part in batch:
+        keys = [b"x" if e is None else e.skill_id.encode() for e in part.events]
+        values = [b"not json" if e is None else e.encode() for e in part.events]
+        events, _invalid, _newest = decode_columns(keys, values, [None] * len(keys), fold)
+        parts.append(PartitionBatch(part.partition, part.offsets, events, part.since, part.until))
+    return Recoded(parts, fold)
+
+
+def shaped(
+    batch: list[PartitionBatch], how: int, sink: WindowsSink
+) -> list[ConsumedRecord] | list[PartitionBatch] | Recoded:
+    """The same batch in each form a sink accepts: records, per-partition columns, or columns cut in pieces;
+    and, for one `how` in four, as the worker's decode hands it over (`recoded`).
 
     Records claim coverage from their lowest offset per partition (by_partition),
     so that form is given only when it claims exactly what the entries do; the
@@ -164,6 +191,10 @@ def shaped(batch: list[PartitionBatch], how: int) -> list[ConsumedRecord] | list
     the other partitions' (a caller may legally do that): the sink must reach
     the same verdicts.
     """
+    if how % 4 == 3:
+        as_decoded = recoded(sink, batch)
+        if as_decoded is not None:
+            return as_decoded
     one_read_each = len({part.partition for part in batch}) == len(batch)
     exact = all(
         part.offsets and part.since == part.offsets[0] and part.covers_to() == part.offsets[-1] + 1 for part in batch
@@ -229,6 +260,12 @@ WITH_MARKERS: Log = {
         (7, None),  # a trailing marker: the fence passes it once a read covers it
     ]
 }
+WITH_REFUSED: Log = {
+    0: [
+        (o, ConsumedRecord(0, o, None if skill is None else StatEvent(f"e{o}", skill, "download", BASE + o)))
+        for o, skill in enumerate(["sk_a", REFUSED, None, "sk_b", "sk_a"])
+    ]
+}
 TABLES = (skill_daily_stats, skill_hourly_stats, partition_fences)
 State = dict[str, list[dict[str, object]]]
 
@@ -259,9 +296,12 @@ def refetched(pending: int, refetch: int, shape: int) -> list[tuple[str, int, in
     ]
 
 
-def apply(sink: WindowsSink, batch: list[ConsumedRecord] | list[PartitionBatch]) -> ApplyOutcome:
+def apply(sink: WindowsSink, batch: list[ConsumedRecord] | list[PartitionBatch] | Recoded) -> ApplyOutcome:
     """As the worker applies a batch: refused records isolated and parked (here: dropped, as if parked)."""
-    prepared = sink.prepare(batch)
+    if isinstance(batch, Recoded):
+        prepared = sink.prepare(batch.parts, folded_at_decode=batch.folded)
+    else:
+        prepared = sink.prepare(batch)
     return apply_with_recovery(sink, prepared, lambda _record, _exc: None, backoff=Backoff(base=0.0001))
 
 
@@ -280,6 +320,13 @@ def test_any_consumer_history_counts_every_record_once(engine_url: str) -> None:
     # (4 | 5 | 4, 5: a repeat only across two entries of one partition).
     @example(log=SIX_DOWNLOADS, history=refetched(pending=1, refetch=9, shape=1))
     @example(log=SIX_DOWNLOADS, history=refetched(pending=2, refetch=2, shape=2))
+    # As the worker's decode hands batches over (folded from the bytes): the usual batch, one that repeats
+    # offsets (its events then decoded after all), and one with a record the database refuses (halved).
+    @example(
+        log=SIX_DOWNLOADS, history=[("fetch", 0, 0, 4), ("apply", 0, 0, 3), ("fetch", 0, 0, 9), ("apply", 0, 0, 7)]
+    )
+    @example(log=SIX_DOWNLOADS, history=refetched(pending=2, refetch=9, shape=3))
+    @example(log=WITH_REFUSED, history=[("fetch", 0, 0, 9), ("apply", 0, 0, 3)])
     # A consumer positioned past the fence (Kafka's commit ahead of a restored database):
     # its records must not move the fence over the ones it never read.
     @example(log=SIX_DOWNLOADS, history=[("seek_anywhere", 0, 0, 3), ("fetch", 0, 0, 9), ("apply", 0, 0, 1)])
@@ -341,7 +388,7 @@ def test_any_consumer_history_counts_every_record_once(engine_url: str) -> None:
                 restore(sink, states[amount % len(states)])
             elif consumer.pending:
                 batch, consumer.pending = consumer.pending, []
-                outcome = apply(sink, shaped(batch, amount))
+                outcome = apply(sink, shaped(batch, amount, sink))
                 states.append(snapshot(sink))
                 if action == "apply_react":
                     # As the worker does with what the sink refused: read it again from the fence.
