@@ -331,6 +331,32 @@ static PyObject *decode_one(PyObject *key, PyObject *value, PyObject *timestamp)
     return event;
 }
 
+/* The three record columns as fast sequences (lists or tuples taken as they are) of one length, in `out` (new
+   references, all NULL on failure); 0 on success. */
+static int record_columns(PyObject *key_arg, PyObject *value_arg, PyObject *timestamp_arg, PyObject *out[3],
+                          Py_ssize_t *n) {
+    out[0] = PySequence_Fast(key_arg, "keys must be a sequence");
+    out[1] = out[0] ? PySequence_Fast(value_arg, "values must be a sequence") : NULL;
+    out[2] = out[1] ? PySequence_Fast(timestamp_arg, "timestamps must be a sequence") : NULL;
+    if (out[2] != NULL) {
+        *n = PySequence_Fast_GET_SIZE(out[1]);
+        if (PySequence_Fast_GET_SIZE(out[0]) == *n && PySequence_Fast_GET_SIZE(out[2]) == *n)
+            return 0;
+        PyErr_SetString(PyExc_ValueError, "keys, values and timestamps must be of one length");
+    }
+    for (int j = 0; j < 3; j++)
+        Py_CLEAR(out[j]);
+    return -1;
+}
+
+/* pending.append(index); 0 on success. */
+static int append_index(PyObject *pending, Py_ssize_t index) {
+    PyObject *number = PyLong_FromSsize_t(index);
+    int failed = number == NULL || PyList_Append(pending, number) < 0;
+    Py_XDECREF(number);
+    return failed ? -1 : 0;
+}
+
 PyDoc_STRVAR(decode_valid_doc,
              "decode_valid(keys, values, timestamps) -> (events, pending)\n\n"
              "The records this module can prove valid as StatEvents (None elsewhere in `events`), and the\n"
@@ -344,17 +370,11 @@ static PyObject *decode_valid(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "skillstats._native is not configured");
         return NULL;
     }
-    PyObject *events = NULL, *pending = NULL;
-    PyObject *keys = PySequence_Fast(key_arg, "keys must be a sequence");
-    PyObject *values = keys ? PySequence_Fast(value_arg, "values must be a sequence") : NULL;
-    PyObject *timestamps = values ? PySequence_Fast(timestamp_arg, "timestamps must be a sequence") : NULL;
-    if (timestamps == NULL)
-        goto fail;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(values);
-    if (PySequence_Fast_GET_SIZE(keys) != n || PySequence_Fast_GET_SIZE(timestamps) != n) {
-        PyErr_SetString(PyExc_ValueError, "keys, values and timestamps must be of one length");
-        goto fail;
-    }
+    PyObject *events = NULL, *pending = NULL, *columns[3];
+    Py_ssize_t n;
+    if (record_columns(key_arg, value_arg, timestamp_arg, columns, &n) < 0)
+        return NULL;
+    PyObject *keys = columns[0], *values = columns[1], *timestamps = columns[2];
     events = PyList_New(n);
     pending = PyList_New(0);
     if (events == NULL || pending == NULL)
@@ -369,12 +389,8 @@ static PyObject *decode_valid(PyObject *self, PyObject *args) {
         if (event == Py_None) {
             Py_INCREF(Py_None);
             PyList_SET_ITEM(events, i, Py_None);
-            PyObject *index = PyLong_FromSsize_t(i);
-            if (index == NULL || PyList_Append(pending, index) < 0) {
-                Py_XDECREF(index);
+            if (append_index(pending, i) < 0)
                 goto fail;
-            }
-            Py_DECREF(index);
         } else {
             PyList_SET_ITEM(events, i, event);
         }
@@ -899,16 +915,11 @@ static PyObject *fold_add_records(WindowFold *f, PyObject *args) {
     PyObject *pending = NULL, *result = NULL;
     long long newest = -1;
     int started = 0; /* the records are being added: a failure from here leaves part of them in */
-    PyObject *keys = PySequence_Fast(key_arg, "keys must be a sequence");
-    PyObject *values = keys ? PySequence_Fast(value_arg, "values must be a sequence") : NULL;
-    PyObject *timestamps = values ? PySequence_Fast(timestamp_arg, "timestamps must be a sequence") : NULL;
-    if (timestamps == NULL)
+    PyObject *columns[3] = {NULL, NULL, NULL};
+    Py_ssize_t n = 0;
+    if (record_columns(key_arg, value_arg, timestamp_arg, columns, &n) < 0)
         goto done;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(values);
-    if (PySequence_Fast_GET_SIZE(keys) != n || PySequence_Fast_GET_SIZE(timestamps) != n) {
-        PyErr_SetString(PyExc_ValueError, "keys, values and timestamps must be of one length");
-        goto done;
-    }
+    PyObject *keys = columns[0], *values = columns[1], *timestamps = columns[2];
     pending = PyList_New(0);
     if (pending == NULL)
         goto done;
@@ -920,12 +931,8 @@ static PyObject *fold_add_records(WindowFold *f, PyObject *args) {
         const Kind *kind;
         if (!check_one(PySequence_Fast_GET_ITEM(keys, i), PySequence_Fast_GET_ITEM(values, i),
                        PySequence_Fast_GET_ITEM(timestamps, i), &w, &kind)) {
-            PyObject *index = PyLong_FromSsize_t(i);
-            if (index == NULL || PyList_Append(pending, index) < 0) {
-                Py_XDECREF(index);
+            if (append_index(pending, i) < 0)
                 goto done;
-            }
-            Py_DECREF(index);
             continue;
         }
         int k = (int)(kind - kinds);
@@ -949,9 +956,8 @@ done:
     f->busy = 0;
     if (result == NULL && started)
         f->done = 2;
-    Py_XDECREF(keys);
-    Py_XDECREF(values);
-    Py_XDECREF(timestamps);
+    for (int j = 0; j < 3; j++)
+        Py_XDECREF(columns[j]);
     Py_XDECREF(pending);
     return result;
 }
@@ -1175,12 +1181,8 @@ static PyObject *fold_records(PyObject *self, PyObject *args) {
         const Kind *kind;
         if (!check_one(PyTuple_GET_ITEM(keys, i), PyTuple_GET_ITEM(values, i), PyTuple_GET_ITEM(timestamps, i),
                        &w, &kind)) {
-            PyObject *index = PyLong_FromSsize_t(i);
-            if (index == NULL || PyList_Append(pending, index) < 0) {
-                Py_XDECREF(index);
+            if (append_index(pending, i) < 0)
                 goto fail;
-            }
-            Py_DECREF(index);
             continue;
         }
         int k = (int)(kind - kinds);
