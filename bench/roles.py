@@ -109,7 +109,8 @@ def _role_librdkafka_sink(bootstrap: str, topic: str, group: str, database_url: 
         if fetched:
             since = {p: read_to.get(p, 0) for p in fetched}
             read_to.update({p: records[-1].offset + 1 for p, records in fetched.items()})
-            sink.apply(sink.prepare(decode_batch(fetched, since).parts))
+            decoded = decode_batch(fetched, since, fold=sink.fold_at_decode())  # as the worker decodes
+            sink.apply(sink.prepare(decoded.parts, folded_at_decode=decoded.folded))
 
 
 def _role_naive_faust(bootstrap: str, topic: str, group: str) -> None:

@@ -378,6 +378,11 @@ class FencedSink(PartitionFences, ABC):
         for spans in reads.values():
             spans.sort()
         if folded_at_decode is not None:  # no event asked for: the decode folded the records
+            handed = sum(len(part.offsets) for part in parts)
+            if folded_at_decode.handed() != handed:  # it must be the decode of exactly these entries
+                raise ValueError(
+                    f"a fold made at the decode of {folded_at_decode.handed()} records for a batch of {handed}"
+                )
             kinds = folded_at_decode.kinds()
             folded = self.fold_decoded(folded_at_decode) if rising else None
         else:

@@ -631,6 +631,7 @@ typedef struct {
     long long effects[MAX_KINDS][2];   /* names[k]'s window effect, when has_effect[k] */
     int has_effect[MAX_KINDS];
     long long taken[MAX_KINDS];        /* records add_records took, by kind */
+    long long handed;                  /* records add_records was handed, taken or not */
     PyObject *kinds_added;             /* kind -> events add_events took (a dict) */
     int busy;                          /* a method is under way: an attribute read or a converter may call in */
     int done;                          /* 1: rows() ran, the slots are sorted, no longer a table; 2: an add
@@ -948,6 +949,7 @@ static PyObject *fold_add_records(WindowFold *f, PyObject *args) {
         if (fold_add(f, &key, start, f->effects[k][0], f->effects[k][1]) < 0)
             goto done;
     }
+    f->handed += n;
     if (newest < 0)
         result = Py_BuildValue("(OO)", pending, Py_None);
     else
@@ -981,6 +983,10 @@ static PyObject *fold_add_events(WindowFold *f, PyObject *events) {
 PyDoc_STRVAR(fold_kinds_doc, "kinds() -> {kind: count}: the valid records and events added, by kind.");
 
 static PyObject *fold_kinds(WindowFold *f, PyObject *unused) {
+    if (f->done == 2) {
+        PyErr_SetString(PyExc_RuntimeError, "an add to this fold failed part-way: it holds part of that add, no kinds");
+        return NULL;
+    }
     PyObject *counts = PyDict_Copy(f->kinds_added);
     if (counts == NULL)
         return NULL;
@@ -991,6 +997,10 @@ static PyObject *fold_kinds(WindowFold *f, PyObject *unused) {
         }
     return counts;
 }
+
+PyDoc_STRVAR(fold_handed_doc, "handed() -> int: the records add_records was handed, taken or left pending.");
+
+static PyObject *fold_handed(WindowFold *f, PyObject *unused) { return PyLong_FromLongLong(f->handed); }
 
 PyDoc_STRVAR(fold_rows_doc,
              "rows(hour_of, day_of) -> (hourly_rows, daily_rows)\n\n"
@@ -1012,6 +1022,7 @@ static PyMethodDef fold_methods[] = {
     {"add_records", (PyCFunction)fold_add_records, METH_VARARGS, fold_add_records_doc},
     {"add_events", (PyCFunction)fold_add_events, METH_O, fold_add_events_doc},
     {"kinds", (PyCFunction)fold_kinds, METH_NOARGS, fold_kinds_doc},
+    {"handed", (PyCFunction)fold_handed, METH_NOARGS, fold_handed_doc},
     {"rows", (PyCFunction)fold_rows_method, METH_VARARGS, fold_rows_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -722,6 +722,8 @@ def test_a_fold_takes_nothing_after_its_rows_nor_from_inside_its_own_calls() -> 
         huge.add_events([])
     with pytest.raises(RuntimeError, match="part-way"):
         huge.rows(_hour, _day)
+    with pytest.raises(RuntimeError, match="part-way"):
+        huge.kinds()
 
 
 def test_a_sink_with_a_fold_of_its_own_folds_its_events() -> None:
@@ -764,6 +766,9 @@ def test_a_batch_decoded_into_the_fold_is_the_batch_decoded_into_events() -> Non
         as_events.newest_event_ms,
         as_events.newest_record_ms,
     )
+    with pytest.raises(ValueError, match="at the decode of"):  # the fold of all three for one entry: refused
+        sink.prepare(as_fold.parts[:1], folded_at_decode=as_fold.folded)
     with_fold = sink.prepare(as_fold.parts, folded_at_decode=as_fold.folded)
     without = sink.prepare(as_events.parts)
     assert (with_fold.folded, with_fold.kinds) == (without.folded, without.kinds)
+    assert as_fold.folded.handed() == len(records)
