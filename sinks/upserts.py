@@ -62,12 +62,13 @@ def upsert_adding(
             _pg_unnest_upsert(table, tuple(keys), tuple(counters), touched), {**parameters, "touched": now}
         )
         return
-    # SQLite: one prepared statement run by the driver's executemany over plain tuples.
+    # SQLite: one prepared statement run by the driver's executemany, SQLITE_ROWS_PER_STATEMENT rows a step.
     # Through SQLAlchemy's compiled insert, every row became a dict and every datetime
     # went through the dialect's bind processor: a third of the worker's CPU on a
     # backfill. The processors still render the values (so stored text is exactly what
     # SQLAlchemy would store, and conflicts match), but once per distinct value.
     touched_value = renderer(table.c[touched], connection.dialect)(now)
+    upsert = functools.partial(_sqlite_upsert, table, tuple(keys), tuple(counters), touched)
     if rendered and isinstance(touched_value, str):
         # The rows bound as they come and the touched time written into the statement (a
         # new statement text per batch, prepared once): no Python object per row. Taking
@@ -75,7 +76,7 @@ def upsert_adding(
         # about 0.34 µs a row: 0.15 CPU s per million events of the bench's SQLite backfill
         # (docs/performance.md, "The windows rows bound as they come").
         literal = "'" + touched_value.replace("'", "''") + "'"
-        connection.exec_driver_sql(_sqlite_upsert(table, tuple(keys), tuple(counters), touched, literal), rows)
+        _sqlite_run(connection, functools.partial(upsert, literal), rows)
         return
     names = [*keys, *counters]
     columns: list[Sequence[Any]] = list(zip(*rows, strict=True))
@@ -87,7 +88,7 @@ def upsert_adding(
             columns[index] = list(map(spelled.__getitem__, columns[index]))
     # strict=False: the repeat is endless, the columns (all of one length) decide.
     bound = list(zip(*columns, itertools.repeat(touched_value), strict=False))
-    connection.exec_driver_sql(_sqlite_upsert(table, tuple(keys), tuple(counters), touched, "?"), bound)
+    _sqlite_run(connection, functools.partial(upsert, "?"), bound)
 
 
 def add_to_existing(
@@ -154,15 +155,48 @@ def _bind_processor(column_type: Any, dialect: Any) -> Callable[[Any], Any] | No
     return column_type.dialect_impl(dialect).bind_processor(dialect)
 
 
+# Rows per SQLite INSERT: a VALUES list of this many rows, so one statement step adds them all. Row by row, the
+# driver's executemany paid a step, a reset, its own checks and the interpreter's lock given up and taken back for
+# every row: about a tenth of a SQLite backfill's SQL stage (0.05-0.1 of its 1.0 CPU s per million events, the
+# worker's 2.7 to 2.5-2.7), where more rows a statement gained nothing more (docs/performance.md, "The SQLite
+# upserts 64 rows a statement"). Fewer where a row's values would take a statement past SQLite's oldest limit on
+# bound values.
+SQLITE_ROWS_PER_STATEMENT = 64
+SQLITE_MAX_BOUND_VALUES = 999  # SQLITE_MAX_VARIABLE_NUMBER before SQLite 3.32
+
+
+def _sqlite_run(connection: Connection, statement: Callable[[int], str], rows: Sequence[Sequence[Any]]) -> None:
+    """`rows` through `statement(n)` (the upsert of n rows, its values one row after another): whole runs of
+    SQLITE_ROWS_PER_STATEMENT by one executemany, what is left by one statement of its own length. Rows laid end
+    to end would hide one of the wrong width (its values would shift into the next row's columns), so every row
+    must have the first one's width, as row by row the driver refused any other."""
+    if not rows:
+        return
+    widths = set(map(len, rows))
+    if len(widths) != 1:
+        raise ValueError(f"upsert rows of different widths: {sorted(widths)}")
+    per = max(1, min(SQLITE_ROWS_PER_STATEMENT, SQLITE_MAX_BOUND_VALUES // max(1, widths.pop())))
+    whole = len(rows) - len(rows) % per
+    flat = itertools.chain.from_iterable
+    if whole:
+        runs = [tuple(flat(rows[start : start + per])) for start in range(0, whole, per)]
+        connection.exec_driver_sql(statement(per), runs)
+    if whole < len(rows):
+        connection.exec_driver_sql(statement(len(rows) - whole), [tuple(flat(rows[whole:]))])
+
+
 def _sqlite_upsert(
-    table: Table, keys: tuple[str, ...], counters: tuple[str, ...], touched: str, touched_sql: str
+    table: Table, keys: tuple[str, ...], counters: tuple[str, ...], touched: str, touched_sql: str, rows: int = 1
 ) -> str:
-    """The upsert, `touched_sql` (a placeholder or a quoted literal) the touched column's value."""
+    """The upsert of `rows` rows, `touched_sql` (a placeholder or a quoted literal) the touched column's value.
+    Keys are unique within a statement's rows (a row's conflict with one of the same statement would add to
+    it, which is still right, but nothing hands such rows)."""
     names = [*keys, *counters]
     updates = ", ".join(f"{name} = {table.name}.{name} + excluded.{name}" for name in counters)
+    row = f"({', '.join('?' for _ in names)}, {touched_sql})"
     return (
         f"INSERT INTO {table.name} ({', '.join(names)}, {touched}) "
-        f"VALUES ({', '.join('?' for _ in names)}, {touched_sql}) "
+        f"VALUES {', '.join(itertools.repeat(row, rows))} "
         f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}, {touched} = excluded.{touched}"
     )
 

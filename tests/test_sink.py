@@ -219,6 +219,70 @@ def test_upserts_meet_rows_stored_through_sqlalchemy(sink: WindowsSink) -> None:
     assert touched > hour - timedelta(seconds=1)  # read back as a datetime: stored in SQLAlchemy's format
 
 
+@pytest.mark.parametrize("rendered", [True, False])
+def test_upserts_add_every_row_whatever_the_runs_of_rows_a_statement_takes(sink: WindowsSink, rendered: bool) -> None:
+    # SQLite takes the rows SQLITE_ROWS_PER_STATEMENT a statement, what is left in one of its own length; every
+    # count around those lengths, added twice over keys that overlap, must land on its own row exactly once.
+    from datetime import date, datetime, timedelta
+
+    from skillstats.sinks.upserts import SQLITE_ROWS_PER_STATEMENT, renderer, upsert_adding
+
+    per = SQLITE_ROWS_PER_STATEMENT
+    table = skill_daily_stats
+    first, second = datetime(2026, 12, 1, 10), datetime(2026, 12, 1, 11)
+    expected: dict[tuple[str, date], tuple[int, int]] = {}
+    touched: dict[tuple[str, date], datetime] = {}
+    with sink.engine.begin() as connection:
+        spell = renderer(table.c.day, connection.dialect) if rendered else (lambda value: value)
+        for size in (0, 1, per - 1, per, per + 1, 2 * per + 1, 3 * per):
+            skill = f"sk_{size}"
+            for now, shift in ((first, 0), (second, size // 2)):
+                days = [date(2026, 1, 1) + timedelta(days=shift + i) for i in range(size)]
+                rows = [(skill, spell(day), i + 1, size - i) for i, day in enumerate(days)]
+                upsert_adding(
+                    connection,
+                    table,
+                    ("skill_id", "day"),
+                    ("downloads", "installs"),
+                    rows,
+                    "updated_at",
+                    now,
+                    rendered=rendered,
+                )
+                for i, day in enumerate(days):
+                    was = expected.get((skill, day), (0, 0))
+                    expected[skill, day] = (was[0] + i + 1, was[1] + size - i)
+                    touched[skill, day] = now
+    with sink.engine.connect() as connection:
+        stored = connection.execute(
+            select(table.c.skill_id, table.c.day, table.c.downloads, table.c.installs, table.c.updated_at)
+        ).all()
+    assert {(skill, day): (d, i) for skill, day, d, i, _ in stored} == expected
+    assert {(skill, day): at for skill, day, _, _, at in stored} == touched
+
+
+@pytest.mark.parametrize("rendered", [True, False])
+def test_upserts_refuse_rows_of_different_widths(sink: WindowsSink, rendered: bool) -> None:
+    # Laid end to end into one statement, a short row would shift the next row's values into its columns.
+    from datetime import datetime
+
+    from skillstats.sinks.upserts import upsert_adding
+
+    rows: list[tuple[object, ...]] = [("sk_1", "2026-01-01", 1), ("sk_1", "2026-01-02", 2, 3, 99)]
+    with pytest.raises(ValueError), sink.engine.begin() as connection:
+        upsert_adding(
+            connection,
+            skill_daily_stats,
+            ("skill_id", "day"),
+            ("downloads", "installs"),
+            rows,
+            "updated_at",
+            datetime(2026, 12, 1),
+            rendered=rendered,
+        )
+    assert total_downloads(sink) == 0
+
+
 @hypothesis.settings(
     max_examples=60, deadline=None, suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture]
 )
