@@ -484,3 +484,26 @@ def test_a_describe_that_outlasts_its_wait_is_a_kafka_error_not_a_timeout() -> N
         receipts.topic_id(0.5)
     assert raised.value.args[0].code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT)
     receipts.close()
+
+
+def test_an_offset_lookup_that_outlasts_its_wait_is_receipts_unknown_not_a_timeout() -> None:
+    """The same for the receipts' offsets: `find` says ReceiptsUnknown (the take-over's 503 with its reason),
+    never a bare TimeoutError. The topic's id is taken as read, and the admin client's answer never comes (a
+    future left pending, as librdkafka's is while a broker holds the request), so the future's own wait runs out."""
+    from concurrent.futures import Future
+    from datetime import UTC, datetime
+
+    from skillstats.ingest.idempotency import Stale
+    from skillstats.ingest.receipts import Receipts, ReceiptsUnknown
+
+    class SilentAdmin:
+        def list_offsets(self, requests: dict[object, object], **_: object) -> dict[object, Future[object]]:
+            return {partition: Future() for partition in requests}
+
+    receipts = Receipts(Settings(kafka_bootstrap="127.0.0.1:9"), timedelta(hours=1))
+    receipts._admin = SilentAdmin()  # type: ignore[assignment]
+    receipts._read_topic_id = lambda deadline: "id-A"  # type: ignore[method-assign]
+    now = datetime.now(UTC).replace(tzinfo=None)
+    stale = Stale(key="k", claimed_at=now, renewed_at=None, expires_at=now, digest="d", receipts_topic="id-A")
+    with pytest.raises(ReceiptsUnknown, match="no answer"):
+        receipts.find(stale, 1.0)

@@ -400,7 +400,10 @@ class Receipts:
             futures = admin.list_offsets(
                 {partition: spec}, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=left
             )
-            return int(futures[partition].result(timeout=left).offset)
+            try:
+                return int(futures[partition].result(timeout=left).offset)
+            except TimeoutError:  # the future's own wait, as in topic_id: said as Kafka's, so find() says Unknown
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"no answer in {left:.1f} s")) from None
 
         return _until(deadline, offset)
 
