@@ -70,8 +70,8 @@ def upsert_adding(
     touched_value = renderer(table.c[touched], connection.dialect)(now)
     upsert = functools.partial(_sqlite_upsert, table, tuple(keys), tuple(counters), touched)
     if rendered and isinstance(touched_value, str):
-        # The rows bound as they come and the touched time written into the statement (a
-        # new statement text per batch, prepared once): no Python object per row. Taking
+        # The rows bound as they come and the touched time written into the statement (new
+        # statement texts per batch, each prepared once): no Python object per row. Taking
         # the rows apart and building them again around a bound touched time (below) cost
         # about 0.34 µs a row: 0.15 CPU s per million events of the bench's SQLite backfill
         # (docs/performance.md, "The windows rows bound as they come").

@@ -78,6 +78,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
@@ -143,6 +144,15 @@ def _until(deadline: float, call: Callable[[float], T]) -> T:
     """`call(seconds left)`, asked again while Kafka says a leader is moving (skillstats.kafka.while_moving), until
     `deadline`."""
     return while_moving(lambda: call(max(0.5, deadline - time.monotonic())), max(0.0, deadline - time.monotonic()))
+
+
+def _answer(future: Future[T], timeout: float) -> T:
+    """An admin client's answer; a future whose own wait runs out (not librdkafka's) raises KafkaException
+    _TIMED_OUT, which every caller already handles as Kafka not telling in time, never a bare TimeoutError."""
+    try:
+        return future.result(timeout=timeout)
+    except TimeoutError:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"no answer in {timeout:.1f} s")) from None
 
 
 def receipts_topic(settings: Settings) -> str:
@@ -238,9 +248,7 @@ class Receipts:
         admin = self._admin_client()
         future = admin.describe_topics(TopicCollection([self.topic]), request_timeout=timeout)[self.topic]
         try:
-            return str(future.result(timeout=timeout).topic_id)
-        except TimeoutError:  # the future's own wait, not librdkafka's
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"no answer in {timeout:.1f} s")) from None
+            return str(_answer(future, timeout).topic_id)
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
             if isinstance(error, KafkaError) and error.code() in _UNKNOWN_TOPIC:
@@ -400,10 +408,7 @@ class Receipts:
             futures = admin.list_offsets(
                 {partition: spec}, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=left
             )
-            try:
-                return int(futures[partition].result(timeout=left).offset)
-            except TimeoutError:  # the future's own wait, as in topic_id: said as Kafka's, so find() says Unknown
-                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"no answer in {left:.1f} s")) from None
+            return int(_answer(futures[partition], left).offset)
 
         return _until(deadline, offset)
 
