@@ -63,6 +63,7 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 from sqlalchemy import Engine
 
+from skillstats.allocator import fix_thresholds
 from skillstats.config import MaskSecrets, Settings, redact_url
 from skillstats.contract import NATIVE_MISSING
 from skillstats.dlq import DeadLetters
@@ -1001,6 +1002,7 @@ def run(
     # those each time (sinks/recovery.py). freeze() keeps the import-time heap out
     # of the full collections.
     gc.freeze()
+    log.info("%s", fix_thresholds().value)  # so RSS follows what the worker holds (skillstats/allocator.py)
     gc.set_threshold(COLLECTOR_THRESHOLD, 50, 100)
     worker = faust.Worker(
         app, loglevel=log_level, quiet=True, logging_config=logging_config(log_level, settings.secrets(), kafka)

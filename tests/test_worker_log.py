@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from skillstats.allocator import Thresholds
 from skillstats.config import Settings
 from skillstats.workload import generate
 from tests.conftest import settings_env
@@ -23,7 +24,7 @@ def test_a_normal_start_logs_what_it_does_and_nothing_above_info(settings: Setti
     with log_path.open("wb") as log_file:
         worker = subprocess.Popen(
             [sys.executable, "-m", "skillstats.cli", "windows"],  # default log level, stdout not a TTY
-            env=settings_env(settings),
+            env={k: v for k, v in settings_env(settings).items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))},
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )
@@ -42,3 +43,5 @@ def test_a_normal_start_logs_what_it_does_and_nothing_above_info(settings: Setti
     loud = [line for line in lines if any(f" {level} " in line for level in ("WARNING", "ERROR", "CRITICAL"))]
     assert loud == [], "\n".join(loud)
     assert not any("batch of" in line for line in lines)  # per-batch lines are DEBUG
+    allocator = [line for line in lines if "glibc" in line]  # skillstats/allocator.py
+    assert len(allocator) == 1 and Thresholds.FIXED.value in allocator[0], allocator
