@@ -1002,7 +1002,7 @@ def run(
     # those each time (sinks/recovery.py). freeze() keeps the import-time heap out
     # of the full collections.
     gc.freeze()
-    log.info("%s", fix_thresholds().value)  # so RSS follows what the worker holds (skillstats/allocator.py)
+    log.info("%s", fix_thresholds().line())  # so RSS follows what the worker holds (skillstats/allocator.py)
     gc.set_threshold(COLLECTOR_THRESHOLD, 50, 100)
     worker = faust.Worker(
         app, loglevel=log_level, quiet=True, logging_config=logging_config(log_level, settings.secrets(), kafka)

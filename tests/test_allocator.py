@@ -7,30 +7,37 @@ catching-up worker does to glibc: frees a large block (which raises glibc's mmap
 threshold to its size), then has blocks of 1 MiB written and freed while a later
 one stays (so the freed ones are not at the heap's top, which free gives back once
 it exceeds the trim threshold). The first case is the behaviour the worker guards
-against; the others, that its fix (or an operator's own setting) undoes it, and
-that blocks under 1 MiB still come from the heap. If a glibc stops keeping such
-pages, the first fails and the module's reason is out of date.
+against; the others, that its fix (or an operator's own setting) undoes it, that
+blocks under 1 MiB still come from the heap and the heap's top is kept up to
+32 MiB, and that an operator's threshold or another allocator in front of glibc's
+is left alone. If a glibc stops keeping such pages, the first fails and the
+module's reason is out of date.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from skillstats.allocator import Thresholds, fix_thresholds
+from skillstats.allocator import Outcome, fix_thresholds, operator_thresholds
 
-pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator only")
+_LIBC, _VERSION = platform.libc_ver()
+pytestmark = pytest.mark.skipif(
+    _LIBC != "glibc" or tuple(map(int, _VERSION.split(".")[:2])) < (2, 33), reason="glibc 2.33 or later (mallinfo2)"
+)
 
 _LEFT_BEHIND = """
 import ctypes, os, sys
 
 if "fix" in sys.argv:
-    from skillstats.allocator import Thresholds, fix_thresholds
-    assert fix_thresholds() is Thresholds.FIXED
+    from skillstats.allocator import Outcome, fix_thresholds
+    assert fix_thresholds().outcome is Outcome.FIXED
 
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
@@ -62,7 +69,7 @@ print(rss_mib() - before)
 _FROM_THE_HEAP = """
 import ctypes
 
-from skillstats.allocator import Thresholds, fix_thresholds
+from skillstats.allocator import Outcome, fix_thresholds
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in (
@@ -73,7 +80,7 @@ libc.mallinfo2.restype = MallInfo2
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = (ctypes.c_size_t,)
 libc.free.argtypes = (ctypes.c_void_p,)
-assert fix_thresholds() is Thresholds.FIXED
+assert fix_thresholds().outcome is Outcome.FIXED
 mapped = libc.mallinfo2().hblks
 small, large = libc.malloc(256 << 10), libc.malloc(2 << 20)
 print(libc.mallinfo2().hblks - mapped)
@@ -121,22 +128,92 @@ def test_under_the_workers_thresholds_a_block_under_a_mib_comes_from_the_heap_an
 
 
 @pytest.mark.parametrize(
-    "setting",
+    ("setting", "said"),
     [
-        {"MALLOC_MMAP_THRESHOLD_": "131072"},
-        {"MALLOC_TRIM_THRESHOLD_": "0"},
-        {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.trim_threshold=0"},
-        {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4194304"},
+        ({"MALLOC_MMAP_THRESHOLD_": "131072"}, ("MALLOC_MMAP_THRESHOLD_=131072",)),
+        ({"MALLOC_TRIM_THRESHOLD_": ""}, ("MALLOC_TRIM_THRESHOLD_=",)),  # glibc takes an empty one as 0
+        (
+            {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.trim_threshold=0"},
+            ("GLIBC_TUNABLES glibc.malloc.trim_threshold=0",),
+        ),
+        (
+            {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=4194304", "MALLOC_TRIM_THRESHOLD_": "1"},
+            ("MALLOC_TRIM_THRESHOLD_=1", "GLIBC_TUNABLES glibc.malloc.mmap_threshold=4194304"),
+        ),
     ],
 )
-def test_an_operators_own_threshold_is_left_as_set(setting: dict[str, str]) -> None:
-    assert fix_thresholds(setting) is Thresholds.OPERATOR
+def test_an_operators_own_threshold_is_left_as_set_and_named(setting: dict[str, str], said: tuple[str, ...]) -> None:
+    fixing = fix_thresholds(setting)
+    assert fixing.outcome is Outcome.OPERATOR and fixing.settings == said
+    assert all(part in fixing.line() for part in said)
+
+
+@pytest.mark.parametrize(
+    "tunables",
+    [
+        "glibc.malloc.arena_max=2",
+        "xglibc.malloc.mmap_threshold=4194304",  # not a tunable's name: glibc skips it
+        "glibc.malloc.trim_threshold",  # no value: glibc skips it
+        "glibc.malloc.mmap_threshold_x=1",
+    ],
+)
+def test_what_glibc_would_not_take_as_a_threshold_does_not_stop_the_fix(tunables: str) -> None:
+    assert operator_thresholds({"GLIBC_TUNABLES": tunables}) == ()
 
 
 def test_other_glibc_tunables_do_not_stop_the_fix() -> None:
     probe = (
         "from skillstats.allocator import fix_thresholds; "
-        "print(fix_thresholds({'GLIBC_TUNABLES': 'glibc.malloc.arena_max=2'}).name)"
+        "print(fix_thresholds({'GLIBC_TUNABLES': 'glibc.malloc.arena_max=2'}).outcome.name)"
     )
     done = subprocess.run([sys.executable, "-c", probe], env=_clean_environment(), capture_output=True, text=True)
     assert done.stdout.strip() == "FIXED", done.stderr
+
+
+# What the trim threshold keeps: blocks under the mmap threshold freed at the heap's top stay there, up to it.
+_KEPT_AT_THE_TOP = """
+import ctypes
+
+from skillstats.allocator import Outcome, fix_thresholds
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MallInfo2
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = (ctypes.c_size_t,)
+libc.free.argtypes = (ctypes.c_void_p,)
+assert fix_thresholds().outcome is Outcome.FIXED
+blocks = [libc.malloc(512 << 10) for _ in range(32)]  # 16 MiB, from the heap's top
+for block in reversed(blocks):
+    libc.free(block)
+print(libc.mallinfo2().keepcost >> 20)
+"""
+
+
+def test_under_the_workers_thresholds_the_heaps_top_is_kept_up_to_32_mib() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _KEPT_AT_THE_TOP], env=_clean_environment(), capture_output=True, text=True, check=True
+    )
+    assert int(done.stdout) >= 16
+
+
+_MALLOC_IN_FRONT = """
+#include <stddef.h>
+extern void *__libc_malloc(size_t);
+void *malloc(size_t size) { return __libc_malloc(size); }
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="a C compiler")
+def test_with_another_malloc_preloaded_glibcs_thresholds_are_left_alone(tmp_path: Path) -> None:
+    source, library = tmp_path / "front.c", tmp_path / "front.so"
+    source.write_text(_MALLOC_IN_FRONT)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    probe = "from skillstats.allocator import fix_thresholds; print(fix_thresholds().outcome.name)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=_clean_environment(LD_PRELOAD=str(library)), capture_output=True, text=True
+    )
+    assert done.stdout.strip() == "ANOTHER_ALLOCATOR", done.stderr
