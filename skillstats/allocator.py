@@ -15,7 +15,7 @@ What. Both thresholds fixed at start, which also stops glibc moving them:
   record batch read) come from the heap and are reused there;
 - the trim threshold at 32 MiB: setting either threshold stops glibc moving both, so fixing the first alone leaves
   this one wherever it stood (128 KiB at start), and a catching-up worker then gave the heap's top back and took it
-  again batch after batch: the bench read up to 0.3 CPU s per million events more than with it at 32 MiB. glibc's
+  again batch after batch: the bench read 0-0.2 CPU s per million events more than with it at 32 MiB. glibc's
   own rule keeps it at twice the mmap threshold; 32 MiB lets a batch's worth of the heap's top stay, per arena.
 
 What it costs (docs/performance.md, "glibc's thresholds fixed in the worker"): about 0.06 CPU s per million events
@@ -101,7 +101,10 @@ def operator_thresholds(environ: Mapping[str, str]) -> tuple[str, ...]:
 
 def _glibc() -> ctypes.CDLL | None:
     """This process's C library when it is glibc (it has `gnu_get_libc_version` and `mallopt`), else None."""
-    libc = ctypes.CDLL(None)  # the symbols the process has loaded, its C library's among them
+    try:
+        libc = ctypes.CDLL(None)  # the symbols the process has loaded, its C library's among them
+    except (OSError, TypeError):  # a Python that loads no libraries, or not a POSIX system
+        return None
     if not (hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt")):
         return None
     libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)

@@ -50,4 +50,4 @@ def test_a_normal_start_logs_what_it_does_and_nothing_above_info(settings: Setti
     assert not any("batch of" in line for line in lines)  # per-batch lines are DEBUG
     allocator = [line for line in lines if "glibc" in line]  # skillstats/allocator.py
     expected = Outcome.FIXED if platform.libc_ver()[0] == "glibc" else Outcome.NOT_GLIBC
-    assert len(allocator) == 1 and expected.value in allocator[0], allocator
+    assert len(allocator) == 1 and expected.value in allocator[0] and " INFO " in allocator[0], allocator
