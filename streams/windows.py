@@ -987,6 +987,8 @@ def run(
     engine, owner = ready
     app = build_app(settings, engine=engine, owner=owner, kafka=kafka, **options)
     starting.delegate(app.live, app.ready)
+    # glibc's thresholds fixed before the first fetch: RSS follows what the worker holds (skillstats/allocator.py).
+    log.info("%s", fix_thresholds().line())
     # aiokafka allocates GC-tracked objects per record (the record and its header
     # list), so at the default threshold (700) the cyclic collector ran every few
     # hundred records and cost ~15% of throughput. Almost nothing here forms cycles;
@@ -1002,7 +1004,6 @@ def run(
     # those each time (sinks/recovery.py). freeze() keeps the import-time heap out
     # of the full collections.
     gc.freeze()
-    log.info("%s", fix_thresholds().line())  # so RSS follows what the worker holds (skillstats/allocator.py)
     gc.set_threshold(COLLECTOR_THRESHOLD, 50, 100)
     worker = faust.Worker(
         app, loglevel=log_level, quiet=True, logging_config=logging_config(log_level, settings.secrets(), kafka)
