@@ -65,8 +65,8 @@ print(rss_mib() - before)
 """
 
 
-# Whether a block of 256 KiB (lz4's scratch, one per record batch read) is cut from the heap or mapped on its own.
-_FROM_THE_HEAP = """
+# A fresh interpreter's glibc with the worker's thresholds fixed, and its counters (mallinfo2) at hand.
+_FIXED_GLIBC = """
 import ctypes
 
 from skillstats.allocator import Outcome, fix_thresholds
@@ -81,12 +81,17 @@ libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = (ctypes.c_size_t,)
 libc.free.argtypes = (ctypes.c_void_p,)
 assert fix_thresholds().outcome is Outcome.FIXED
-mapped = libc.mallinfo2().hblks
+"""
+# Whether a block of 256 KiB (lz4's scratch, one per record batch read) is cut from the heap or mapped on its own.
+_FROM_THE_HEAP = (
+    _FIXED_GLIBC
+    + """mapped = libc.mallinfo2().hblks
 small, large = libc.malloc(256 << 10), libc.malloc(2 << 20)
 print(libc.mallinfo2().hblks - mapped)
 libc.free(small)
 libc.free(large)
 """
+)
 
 
 def _clean_environment(**setting: str) -> dict[str, str]:
@@ -171,26 +176,14 @@ def test_other_glibc_tunables_do_not_stop_the_fix() -> None:
 
 
 # What the trim threshold keeps: blocks under the mmap threshold freed at the heap's top stay there, up to it.
-_KEPT_AT_THE_TOP = """
-import ctypes
-
-from skillstats.allocator import Outcome, fix_thresholds
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-libc = ctypes.CDLL(None)
-libc.mallinfo2.restype = MallInfo2
-libc.malloc.restype = ctypes.c_void_p
-libc.malloc.argtypes = (ctypes.c_size_t,)
-libc.free.argtypes = (ctypes.c_void_p,)
-assert fix_thresholds().outcome is Outcome.FIXED
-blocks = [libc.malloc(512 << 10) for _ in range(32)]  # 16 MiB, from the heap's top
+_KEPT_AT_THE_TOP = (
+    _FIXED_GLIBC
+    + """blocks = [libc.malloc(512 << 10) for _ in range(32)]  # 16 MiB, from the heap's top
 for block in reversed(blocks):
     libc.free(block)
 print(libc.mallinfo2().keepcost >> 20)
 """
+)
 
 
 def test_under_the_workers_thresholds_the_heaps_top_is_kept_up_to_32_mib() -> None:
